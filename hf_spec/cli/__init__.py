@@ -1,0 +1,1 @@
+"""The `hf-spec` command line."""

@@ -1,0 +1,74 @@
+"""Base class for method configurations: dataclasses that save to and load from a folder."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+CONFIG_NAME = "hf_spec_config.json"
+
+
+@dataclass
+class MethodConfig:
+    """Base config. Subclasses set `method` (the registry name) and, optionally, `main_arg`: the field that
+    `name:VALUE` on the command line sets (e.g. `early-exit:6` sets `exit_layer`)."""
+
+    method: ClassVar[str] = ""
+    main_arg: ClassVar[str | None] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.method, **dataclasses.asdict(self)}
+
+    def save_pretrained(self, save_directory: str | os.PathLike) -> Path:
+        path = Path(save_directory)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / CONFIG_NAME).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MethodConfig:
+        data = dict(data)
+        name = data.pop("method", cls.method)
+        if name != cls.method:
+            raise ValueError(f"config is for method {name!r}, not {cls.method!r}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown {cls.method} config keys {unknown}; known: {sorted(known)}")
+        return cls(**data)
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike) -> MethodConfig:
+        """Load from a folder holding `hf_spec_config.json` or from a `.json` file."""
+        path = Path(path)
+        file = path / CONFIG_NAME if path.is_dir() else path
+        try:
+            data = json.loads(file.read_text())
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no hf-spec config at {file}") from None
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{file} is not valid JSON: {err}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{file} must hold a JSON object")
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_cli_arg(cls, arg: str | None) -> MethodConfig:
+        """`None` -> defaults; a path to a folder or `.json` -> loaded; anything else sets `main_arg`."""
+        if arg is None or arg == "":
+            return cls()
+        if arg.endswith(".json") or os.path.isdir(arg):
+            return cls.from_pretrained(arg)
+        if cls.main_arg is None:
+            raise ValueError(f"method {cls.method!r} takes a config path, not {arg!r}")
+        field = next(f for f in dataclasses.fields(cls) if f.name == cls.main_arg)
+        kind = field.type if isinstance(field.type, type) else eval(field.type, {})  # noqa: S307 - own annotation
+        try:
+            value = kind(arg) if kind in (int, float) else arg
+        except ValueError:
+            raise ValueError(f"{cls.method}:{arg}: expected {kind.__name__} for {cls.main_arg}") from None
+        return cls(**{cls.main_arg: value})

@@ -1,0 +1,272 @@
+"""The one decoding loop behind every hf-spec method.
+
+    prefill the prompt but its last token (the first root)
+    repeat:
+        tree   = drafter.propose(state)                      # draft
+        logits = target([root] + tree, 4D tree mask, cache)  # ONE target forward
+        path, bonus = accept(tree, logits)                   # greedy or recursive rejection sampling
+        commit path + bonus (cut at EOS / stop criteria / max length), stream them
+        compact the KV cache to root + path                  # bonus becomes the next root
+        drafter.observe(result)
+
+`speculative_generate` has the signature of a transformers decoding method, so it runs as
+`model.generate(..., custom_generate=SpeculativeDecoder(...))` after transformers has prepared the
+generation config, logits processors and stopping criteria exactly as for plain decoding.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers import LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from hf_spec.methods.base import Drafter, RoundResult, SpecState
+from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
+from hf_spec.verify.acceptance import Acceptance, accept_greedy, accept_sampling
+from hf_spec.verify.cache import cache_length, compact_cache
+
+
+@dataclass
+class SpecStats:
+    """Counters of one generation. `tau` = committed tokens per target forward (plain decoding = 1.0)."""
+
+    new_tokens: int = 0
+    target_forwards: int = 0
+    draft_tokens: int = 0  # proposed nodes, summed over rounds
+    accepted_tokens: int = 0  # accepted draft nodes
+    time_draft: float = 0.0
+    time_verify: float = 0.0
+    time_other: float = 0.0
+    time_prefill: float = 0.0
+    accept_lengths: list[int] = field(default_factory=list)
+
+    @property
+    def tau(self) -> float:
+        return self.new_tokens / max(self.target_forwards, 1)
+
+    @property
+    def draft_utilization(self) -> float:
+        return self.accepted_tokens / max(self.draft_tokens, 1)
+
+    def to_dict(self) -> dict:
+        return {
+            "new_tokens": self.new_tokens,
+            "target_forwards": self.target_forwards,
+            "tau": self.tau,
+            "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "draft_utilization": self.draft_utilization,
+            "time_prefill": self.time_prefill,
+            "time_draft": self.time_draft,
+            "time_verify": self.time_verify,
+            "time_other": self.time_other,
+        }
+
+
+@dataclass
+class SpecDecodeOutput(GenerateDecoderOnlyOutput):
+    """`GenerateDecoderOnlyOutput` plus `spec_stats` (see `SpecStats.to_dict`)."""
+
+    spec_stats: dict | None = None
+
+
+def check_supported(model: PreTrainedModel, input_ids: torch.Tensor, generation_config, model_kwargs: dict) -> None:
+    """Raise a clear error for settings the speculative loop cannot honour."""
+    if model.config.is_encoder_decoder:
+        raise ValueError("hf-spec supports decoder-only models; encoder-decoder models are not supported")
+    if input_ids.shape[0] != 1:
+        raise ValueError(f"hf-spec decodes one sequence at a time; got batch size {input_ids.shape[0]}")
+    if (generation_config.num_beams or 1) > 1:
+        raise ValueError("hf-spec does not support beam search (num_beams > 1)")
+    if (generation_config.num_return_sequences or 1) > 1:
+        raise ValueError("hf-spec returns one sequence; num_return_sequences must be 1")
+    for name in ("penalty_alpha", "dola_layers"):
+        if getattr(generation_config, name, None) is not None:
+            raise ValueError(f"hf-spec cannot combine speculation with `{name}`")
+    if not model_kwargs.get("use_cache", True):
+        raise ValueError("hf-spec needs the KV cache (use_cache=True)")
+    mask = model_kwargs.get("attention_mask")
+    if mask is not None and not bool(mask.all()):
+        raise ValueError("hf-spec does not support padded inputs: pass the unpadded prompt (batch size 1)")
+
+
+def speculative_generate(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config,
+    drafter: Drafter,
+    streamer=None,
+    generator: torch.Generator | None = None,
+    **model_kwargs,
+) -> torch.Tensor | SpecDecodeOutput:
+    """Speculative decoding of one sequence.
+
+    Args:
+        input_ids: `torch.LongTensor` of shape `(1, prompt_length)`.
+        logits_processor / stopping_criteria / generation_config: as prepared by `model.generate`.
+        drafter: proposes the trees.
+        streamer: receives the committed tokens in order, once each (the prompt is put by `generate`).
+
+    Returns:
+        `torch.LongTensor` of shape `(1, total_length)`, or `SpecDecodeOutput` with
+        `return_dict_in_generate=True`.
+    """
+    check_supported(model, input_ids, generation_config, model_kwargs)
+    cache = model_kwargs.get("past_key_values")
+    if cache is None:
+        raise ValueError("hf-spec needs a KV cache from `generate` (use_cache=True)")
+    stats = SpecStats()
+    want_hidden = drafter.requires_hidden_states
+    do_sample = bool(generation_config.do_sample)
+    out_scores = generation_config.return_dict_in_generate and generation_config.output_scores
+    out_logits = generation_config.return_dict_in_generate and generation_config.output_logits
+    scores_out: list[torch.Tensor] = []
+    logits_out: list[torch.Tensor] = []
+    device = input_ids.device
+
+    # prefill everything but the last prompt token: it is the first root
+    t0 = time.perf_counter()
+    state = SpecState(model, cache, input_ids, generation_config)
+    past = cache_length(cache)
+    if past >= input_ids.shape[1]:
+        raise ValueError(f"the cache already holds {past} tokens but the prompt has {input_ids.shape[1]}")
+    if input_ids.shape[1] - 1 > past:
+        out = model(
+            input_ids=input_ids[:, past:-1],
+            position_ids=torch.arange(past, input_ids.shape[1] - 1, device=device).unsqueeze(0),
+            past_key_values=cache,
+            use_cache=True,
+            output_hidden_states=want_hidden,
+            logits_to_keep=1,
+        )
+        if want_hidden:
+            state.hidden_states = out.hidden_states[-1]
+    stats.time_prefill = time.perf_counter() - t0
+
+    drafter.begin(state)
+    finished = False
+    try:
+        while not finished:
+            t0 = time.perf_counter()
+            room = generation_config.max_length - state.seq_len  # tokens we may still commit
+            tree = drafter.propose(state, max_depth=max(room - 1, 0)).truncate_depth(max(room - 1, 0))
+            t1 = time.perf_counter()
+
+            past = state.seq_len - 1
+            root = input_ids[:, -1:]
+            if len(tree) == 0 or tree.is_chain:
+                verify_ids = torch.cat([root, tree.tokens.view(1, -1).to(device)], dim=1)
+                position_ids = torch.arange(past, past + verify_ids.shape[1], device=device).unsqueeze(0)
+                mask = None  # plain causal attention over the chain
+            else:
+                verify_ids = torch.cat([root, tree.tokens.view(1, -1).to(device)], dim=1)
+                position_ids = tree_position_ids(tree, past, device)
+                mask = tree_attention_mask(tree, past, model.dtype, device)
+            out = model(
+                input_ids=verify_ids,
+                position_ids=position_ids,
+                attention_mask=mask,
+                past_key_values=cache,
+                use_cache=True,
+                output_hidden_states=want_hidden,
+            )
+            logits = out.logits[0].float()  # [num_nodes + 1, vocab_size]
+            t2 = time.perf_counter()
+
+            score_row = _scorer(logits, input_ids, tree, logits_processor)
+            acc: Acceptance = (accept_sampling if do_sample else accept_greedy)(
+                tree, score_row, **({"generator": generator} if do_sample else {})
+            )
+            tokens = tree.tokens.tolist()
+            proposed = [tokens[i] for i in acc.accepted] + [acc.bonus]
+            new_tokens: list[int] = []
+            for j, tok in enumerate(proposed):
+                input_ids = torch.cat([input_ids, torch.tensor([[tok]], device=device)], dim=1)
+                new_tokens.append(tok)
+                if bool(stopping_criteria(input_ids, acc.scores[j][None]).all()):
+                    finished = True
+                    break
+            state.input_ids = input_ids
+            keep = [0] + [i + 1 for i in acc.accepted]
+            compact_cache(cache, past, keep)
+            if out_scores:
+                scores_out.extend(s[None].clone() for s in acc.scores[: len(new_tokens)])
+            if out_logits:
+                logits_out.extend(logits[k][None].clone() for k in keep[: len(new_tokens)])
+            if streamer is not None:
+                streamer.put(torch.tensor(new_tokens))
+
+            stats.target_forwards += 1
+            stats.new_tokens += len(new_tokens)
+            stats.draft_tokens += len(tree)
+            stats.accepted_tokens += len(acc.accepted)
+            stats.accept_lengths.append(len(new_tokens))
+            if not finished:
+                hidden = out.hidden_states[-1][:, keep] if want_hidden else None
+                state.hidden_states = hidden
+                drafter.observe(state, RoundResult(tree, acc.accepted, new_tokens, hidden))
+            t3 = time.perf_counter()
+            stats.time_draft += t1 - t0
+            stats.time_verify += t2 - t1
+            stats.time_other += t3 - t2
+    finally:
+        drafter.end(state)
+        if streamer is not None:
+            streamer.end()
+
+    _last_stats[id(model)] = stats
+    if generation_config.return_dict_in_generate:
+        return SpecDecodeOutput(
+            sequences=input_ids,
+            scores=tuple(scores_out) if out_scores else None,
+            logits=tuple(logits_out) if out_logits else None,
+            past_key_values=cache if generation_config.use_cache else None,
+            spec_stats=stats.to_dict(),
+        )
+    return input_ids
+
+
+_last_stats: dict[int, SpecStats] = {}
+
+
+def last_stats(model: PreTrainedModel) -> SpecStats | None:
+    """Stats of the latest hf-spec generation with `model` (also returned with `return_dict_in_generate`)."""
+    return _last_stats.get(id(model))
+
+
+def _scorer(logits: torch.Tensor, input_ids: torch.Tensor, tree: DraftTree, processors: LogitsProcessorList):
+    """Row scores with the logits processors applied to the row's own prefix (committed + accepted path)."""
+    if not processors:
+        return lambda row, path: logits[row]
+    tokens = tree.tokens.to(input_ids.device)
+
+    def score_row(row: int, path: list[int]) -> torch.Tensor:
+        prefix = torch.cat([input_ids, tokens[path].view(1, -1)], dim=1) if path else input_ids
+        return processors(prefix, logits[row : row + 1].clone())[0]
+
+    return score_row
+
+
+def _streamer_from_generate_frame():
+    """transformers' `generate` drops `streamer` before calling a callable `custom_generate` (5.x); read it
+    back from that `generate` frame, the direct caller."""
+    from transformers.generation.utils import GenerationMixin
+
+    generate_code = inspect.unwrap(GenerationMixin.generate).__code__
+    frame = inspect.currentframe()
+    try:
+        for _ in range(4):
+            frame = frame.f_back if frame is not None else None
+            if frame is None:
+                return None
+            if frame.f_code is generate_code:
+                return frame.f_locals.get("streamer")
+        return None
+    finally:
+        del frame

@@ -1,0 +1,90 @@
+"""The drafter interface every method implements, and the state the loop shares with it."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+from transformers import Cache, GenerationConfig, PreTrainedModel
+
+from hf_spec.config import MethodConfig
+from hf_spec.tree.buffers import DraftTree
+
+
+@dataclass
+class SpecState:
+    """What the loop knows, shared with the drafter.
+
+    Args:
+        model: the target model.
+        cache: the target's KV cache; it holds every committed token but the last (the next root).
+        input_ids: `torch.LongTensor` of shape `(1, sequence_length)`, the committed tokens (prompt included).
+        generation_config: the resolved generation config of this call.
+        hidden_states: with `requires_hidden_states`, the target's last-layer hidden states of the positions
+            committed by the last forward, `(1, num_positions, hidden_size)`; after the prefill these are the
+            prompt's positions but the last.
+    """
+
+    model: PreTrainedModel
+    cache: Cache
+    input_ids: torch.Tensor  # [1, seq_len]
+    generation_config: GenerationConfig
+    hidden_states: torch.Tensor | None = None  # [1, num_positions, hidden_size]
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def do_sample(self) -> bool:
+        return bool(self.generation_config.do_sample)
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.input_ids.shape[1])
+
+
+@dataclass
+class RoundResult:
+    """What one verification round decided.
+
+    Args:
+        tree: the verified tree.
+        accepted: accepted node indices, root's child first.
+        new_tokens: the committed tokens (accepted + bonus, cut at a stop), in order.
+        hidden_states: with `requires_hidden_states`, `(1, len(accepted) + 1, hidden_size)`: the target's
+            last-layer hidden states at the root and the accepted nodes.
+    """
+
+    tree: DraftTree
+    accepted: list[int]
+    new_tokens: list[int]
+    hidden_states: torch.Tensor | None = None
+
+
+class Drafter(ABC):
+    """Proposes token trees for the loop in `hf_spec.generate`.
+
+    Lifecycle per `generate` call: `begin` (after the prompt prefill) -> (`propose` -> `observe`)* -> `end`.
+    A drafter reports the exact distribution it sampled each node from (`DraftTree.draft_probs`) or
+    leaves it out for deterministic proposals; the verifier is exact in both cases.
+    """
+
+    requires_hidden_states: ClassVar[bool] = False
+
+    def __init__(self, config: MethodConfig, model: PreTrainedModel, tokenizer=None) -> None:
+        self.config = config
+        self.model = model
+        self.tokenizer = tokenizer
+
+    def begin(self, state: SpecState) -> None:  # noqa: B027 - optional hook
+        """Reset per-generation state."""
+
+    @abstractmethod
+    def propose(self, state: SpecState, max_depth: int) -> DraftTree:
+        """Return a tree below the root `state.input_ids[0, -1]`, no deeper than `max_depth`."""
+
+    def observe(self, state: SpecState, result: RoundResult) -> None:  # noqa: B027 - optional hook
+        """See what was verified; `state` already holds the new tokens."""
+
+    def end(self, state: SpecState) -> None:  # noqa: B027 - optional hook
+        """Release per-generation state."""

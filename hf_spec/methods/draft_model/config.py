@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hf_spec.config import MethodConfig
+
+
+@dataclass
+class DraftModelConfig(MethodConfig):
+    """Classic two-model speculative decoding (Leviathan et al. 2023; Chen et al. 2023) with any small causal
+    LM sharing the target's tokenizer.
+
+    Args:
+        model: a known model name (see `hf-spec fetch`), a local folder or a Hub id.
+        num_draft_tokens: chain length.
+        siblings: extra top-k alternatives per depth added as leaves (a cheap tree).
+    """
+
+    method = "draft-model"
+    main_arg = "model"
+
+    model: str = field(default="", metadata={"help": "draft model: known name, folder or Hub id"})
+    num_draft_tokens: int = field(default=5, metadata={"help": "chain length"})
+    siblings: int = field(default=0, metadata={"help": "extra top-k leaves per depth"})

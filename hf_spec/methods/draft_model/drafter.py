@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from hf_spec.methods.base import Drafter, RoundResult, SpecState
+from hf_spec.methods.common import chain_with_siblings
+from hf_spec.methods.draft_model.config import DraftModelConfig
+from hf_spec.tree.buffers import DraftTree
+from hf_spec.verify.cache import crop_cache
+
+
+class DraftModelDrafter(Drafter):
+    """Greedy chain (plus optional sibling leaves) from a separate small model with its own KV cache."""
+
+    config: DraftModelConfig
+
+    def __init__(self, config: DraftModelConfig, model, tokenizer=None, draft_model: PreTrainedModel | None = None):
+        super().__init__(config, model, tokenizer)
+        if draft_model is None:
+            if not config.model:
+                raise ValueError("draft-model needs a draft model: `draft-model:<name or path>`")
+            from hf_spec.models import load_model
+
+            draft_model, _ = load_model(config.model, dtype=model.dtype)
+        target_vocab = model.get_output_embeddings().weight.shape[0]
+        draft_vocab = draft_model.get_output_embeddings().weight.shape[0]
+        if draft_vocab != target_vocab:
+            raise ValueError(
+                f"draft model vocabulary ({draft_vocab}) differs from the target's ({target_vocab}): "
+                "draft-model needs the same tokenizer"
+            )
+        self.draft = draft_model.eval()
+        self.cache: DynamicCache | None = None
+        self.cached = 0  # draft cache holds input_ids[:cached] plus self.pending drafted tokens
+        self.pending: list[int] = []
+
+    def begin(self, state: SpecState) -> None:
+        self.cache = DynamicCache(config=self.draft.config)
+        self.cached = 0
+        self.pending = []
+
+    def _next_logits(self, ids: torch.Tensor, start: int) -> torch.Tensor:
+        position_ids = torch.arange(start, start + ids.shape[1], device=ids.device).unsqueeze(0)
+        out = self.draft(
+            input_ids=ids, position_ids=position_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1
+        )
+        return out.logits[0, -1].float()
+
+    @torch.no_grad()
+    def propose(self, state: SpecState, max_depth: int) -> DraftTree:
+        cfg = self.config
+        depth = min(cfg.num_draft_tokens, max_depth)
+        if depth <= 0:
+            return DraftTree.empty()
+        logits = self._next_logits(state.input_ids[:, self.cached :], self.cached)
+        self.cached = state.seq_len
+        chain: list[int] = []
+        siblings: list[list[int]] = []
+        self.pending = []
+        for step in range(depth):
+            top = torch.topk(logits, cfg.siblings + 1)
+            chain.append(int(top.indices[0]))
+            siblings.append(top.indices[1:].tolist())
+            if step + 1 < depth:
+                logits = self._next_logits(top.indices[:1].view(1, 1), self.cached + len(self.pending))
+                self.pending.append(chain[-1])
+        return chain_with_siblings(chain, siblings if cfg.siblings else None)
+
+    def observe(self, state: SpecState, result: RoundResult) -> None:
+        # keep the drafted tokens the target committed, drop the rest
+        agree = 0
+        for drafted, committed in zip(self.pending, result.new_tokens, strict=False):
+            if drafted != committed:
+                break
+            agree += 1
+        self.cached += agree
+        self.pending = []
+        crop_cache(self.cache, self.cached)
+
+    def end(self, state: SpecState) -> None:
+        self.cache = None

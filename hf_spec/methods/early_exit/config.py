@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hf_spec.config import MethodConfig
+
+
+@dataclass
+class EarlyExitConfig(MethodConfig):
+    """Self-speculation: the target's first `exit_layer` layers + its final norm and LM head draft a chain
+    (LayerSkip, Elhoushi et al. 2024, without its training recipe). The draft writes into the target's own
+    KV cache of those layers, which already holds the committed tokens, and is rolled back afterwards.
+
+    Args:
+        exit_layer: number of target layers used for drafting.
+        num_draft_tokens: chain length.
+        siblings: extra top-k alternatives per depth added as leaves.
+        min_confidence: stop the chain when the drafted token's probability falls below this (0 = never).
+    """
+
+    method = "early-exit"
+    main_arg = "exit_layer"
+
+    exit_layer: int = field(default=6, metadata={"help": "layers used for drafting"})
+    num_draft_tokens: int = field(default=4, metadata={"help": "chain length"})
+    siblings: int = field(default=0, metadata={"help": "extra top-k leaves per depth"})
+    min_confidence: float = field(default=0.0, metadata={"help": "stop drafting below this probability"})

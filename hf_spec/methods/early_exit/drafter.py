@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+import torch
+
+from hf_spec.methods.base import Drafter, SpecState
+from hf_spec.methods.common import chain_with_siblings
+from hf_spec.methods.early_exit.config import EarlyExitConfig
+from hf_spec.models.layers import decoder_parts, run_layers
+from hf_spec.tree.buffers import DraftTree
+from hf_spec.verify.cache import crop_cache
+
+
+class EarlyExitDrafter(Drafter):
+    """Drafts with the target's first `exit_layer` layers, reusing (then rolling back) their KV cache."""
+
+    config: EarlyExitConfig
+
+    def __init__(self, config: EarlyExitConfig, model, tokenizer=None) -> None:
+        super().__init__(config, model, tokenizer)
+        self.parts = decoder_parts(model)
+        if not 0 < config.exit_layer < self.parts.num_layers:
+            raise ValueError(f"exit_layer must be in [1, {self.parts.num_layers - 1}], got {config.exit_layer}")
+
+    @torch.no_grad()
+    def propose(self, state: SpecState, max_depth: int) -> DraftTree:
+        cfg, parts = self.config, self.parts
+        depth = min(cfg.num_draft_tokens, max_depth)
+        past = state.seq_len - 1  # the root is not cached yet
+        token = state.input_ids[:, -1:]
+        chain: list[int] = []
+        siblings: list[list[int]] = []
+        try:
+            for step in range(depth):
+                position_ids = torch.tensor([[past + step]], device=token.device)
+                hidden = run_layers(parts, parts.embed_tokens(token), position_ids, state.cache, 0, cfg.exit_layer)
+                logits = parts.lm_head(parts.norm(hidden))[0, -1].float()
+                top = torch.topk(logits, cfg.siblings + 1)
+                chain.append(int(top.indices[0]))
+                siblings.append(top.indices[1:].tolist())
+                if cfg.min_confidence > 0:
+                    prob = torch.softmax(logits, dim=-1)[top.indices[0]]
+                    if float(prob) < cfg.min_confidence:
+                        break
+                token = top.indices[:1].view(1, 1)
+        finally:
+            crop_cache(state.cache, past, range(cfg.exit_layer))
+        return chain_with_siblings(chain, siblings if cfg.siblings else None)

@@ -1,0 +1,20 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hf_spec.config import MethodConfig
+
+
+@dataclass
+class OracleConfig(MethodConfig):
+    """Diagnostic, not a user method: proposes the true greedy continuation (computed beforehand), so every
+    draft token is accepted under greedy decoding. It measures the loop's ceiling and its own overhead.
+
+    Args:
+        num_draft_tokens: chain length per round.
+    """
+
+    method = "oracle"
+    main_arg = "num_draft_tokens"
+
+    num_draft_tokens: int = field(default=8, metadata={"help": "chain length"})

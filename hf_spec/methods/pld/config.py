@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hf_spec.config import MethodConfig
+
+
+@dataclass
+class PLDConfig(MethodConfig):
+    """Prompt lookup decoding (Saxena 2023) that proposes several continuations as one token tree.
+
+    Args:
+        num_draft_tokens: longest continuation drafted (tree depth).
+        max_ngram / min_ngram: n-gram sizes matched against the context, longest first.
+        max_candidates: continuations merged into the tree.
+        max_nodes: verification budget (tree size).
+    """
+
+    method = "pld"
+    main_arg = "num_draft_tokens"
+
+    num_draft_tokens: int = field(default=10, metadata={"help": "tree depth: longest continuation drafted"})
+    max_ngram: int = field(default=3, metadata={"help": "longest n-gram matched"})
+    min_ngram: int = field(default=1, metadata={"help": "shortest n-gram matched"})
+    max_candidates: int = field(default=4, metadata={"help": "continuations merged into the tree"})
+    max_nodes: int = field(default=24, metadata={"help": "verification budget in tree nodes"})

@@ -1,0 +1,36 @@
+"""Pure n-gram matcher behind prompt-lookup drafting."""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+
+def find_continuations(
+    tokens: np.ndarray, max_ngram: int, min_ngram: int, length: int, max_candidates: int
+) -> list[list[int]]:
+    """Continuations that followed earlier occurrences of the context's last n-gram.
+
+    Longer n-grams are tried first; within one n, the most recent occurrence comes first. Continuations are
+    cut to `length` tokens; at most `max_candidates` distinct ones are returned.
+
+    Example: tokens = [5 6 7 5 6 8 5 6], max_ngram=2, min_ngram=2, length=3 ->
+        the suffix (5, 6) occurred at positions 3 and 0 -> [[8, 5, 6], [7, 5, 6]]
+    """
+    n_tokens = len(tokens)
+    found: list[list[int]] = []
+    seen: set[tuple[int, ...]] = set()
+    for n in range(min(max_ngram, n_tokens - 1), min_ngram - 1, -1):
+        # windows that end before the last token, so each has at least one continuation token
+        windows = sliding_window_view(tokens[:-1], n)
+        hits = np.flatnonzero((windows == tokens[-n:]).all(axis=1))
+        for start in hits[::-1]:
+            cont = tokens[start + n : start + n + length]
+            key = tuple(cont.tolist())
+            if key in seen:
+                continue
+            seen.add(key)
+            found.append(list(key))
+            if len(found) >= max_candidates:
+                return found
+    return found

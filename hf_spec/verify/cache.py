@@ -1,0 +1,54 @@
+"""Keeping a transformers KV cache in step with the committed tokens."""
+
+from __future__ import annotations
+
+import torch
+from transformers import Cache
+
+
+def _layers(cache: Cache):
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        raise TypeError(f"hf-spec needs a transformers `Cache` with `.layers`; got {type(cache).__name__}")
+    for layer in layers:
+        if type(layer).__name__ != "DynamicLayer":
+            raise TypeError(
+                f"hf-spec can only rewind full-attention dynamic cache layers; got {type(layer).__name__} "
+                "(sliding-window, static and quantized caches are not supported)"
+            )
+    return layers
+
+
+def cache_length(cache: Cache, layer: int = 0) -> int:
+    return int(cache.get_seq_length(layer))
+
+
+def crop_cache(cache: Cache, length: int, layers: range | None = None) -> None:
+    """Keep the first `length` positions of the given layers (all by default)."""
+    all_layers = _layers(cache)
+    for i in layers if layers is not None else range(len(all_layers)):
+        layer = all_layers[i]
+        if layer.keys is not None and layer.keys.numel() and layer.keys.shape[-2] > length:
+            layer.keys = layer.keys[..., :length, :]
+            layer.values = layer.values[..., :length, :]
+
+
+def compact_cache(cache: Cache, past_length: int, keep: list[int], layers: range | None = None) -> None:
+    """After verifying a block written at `[past_length, past_length + block)`, keep only the block positions
+    listed in `keep` (relative, increasing) and drop the rest of the block.
+
+    Example: block = [root, a, b, c] with path root -> c accepted: `keep = [0, 3]`.
+    A prefix (`keep == [0, 1, ..., k-1]`) is a plain crop, with no copy.
+    """
+    if keep == list(range(len(keep))):
+        crop_cache(cache, past_length + len(keep), layers)
+        return
+    index = torch.tensor(keep, dtype=torch.long) + past_length
+    all_layers = _layers(cache)
+    for i in layers if layers is not None else range(len(all_layers)):
+        layer = all_layers[i]
+        if layer.keys is None or not layer.keys.numel():
+            continue
+        idx = index.to(layer.keys.device)
+        layer.keys = torch.cat([layer.keys[..., :past_length, :], layer.keys.index_select(-2, idx)], dim=-2)
+        layer.values = torch.cat([layer.values[..., :past_length, :], layer.values.index_select(-2, idx)], dim=-2)
