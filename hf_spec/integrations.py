@@ -1,0 +1,169 @@
+"""Opt-in integration with `model.generate(assistant_model=...)` and Hub-style `custom_generate` folders.
+
+Nothing here runs on import: `enable_assistant(model)` patches that one model instance (not its class)
+and `AssistantHandle.disable()` (or leaving the `with` block) restores it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import torch
+from transformers import PreTrainedModel
+from transformers.generation.candidate_generator import CandidateGenerator
+
+from hf_spec.config import MethodConfig
+from hf_spec.decoder import SpeculativeDecoder
+from hf_spec.methods.base import Drafter, RoundResult, SpecState
+from hf_spec.tree.buffers import DraftTree
+
+AssistantLike = SpeculativeDecoder | Drafter | MethodConfig
+
+
+def _as_decoder(assistant: AssistantLike) -> SpeculativeDecoder:
+    return assistant if isinstance(assistant, SpeculativeDecoder) else SpeculativeDecoder(assistant)
+
+
+class HfSpecCandidateGenerator(CandidateGenerator):
+    """Runs an hf-spec drafter inside transformers' own assisted loop (`_assisted_decoding`).
+
+    That loop verifies one chain, so a tree is cut to its first branch (each node's first child). Proposals
+    without `draft_probs` go out with `candidate_logits=None`, which transformers treats as deterministic.
+    """
+
+    requires_model_outputs = True
+
+    def __init__(self, drafter: Drafter, model: PreTrainedModel, generation_config) -> None:
+        if drafter.requires_hidden_states:
+            raise ValueError(
+                f"{type(drafter).__name__} needs the target's hidden states; use loop='hf-spec' for it"
+            )
+        self.drafter = drafter
+        self.model = model
+        self.generation_config = generation_config
+        self.model_kwargs_overrides: dict = {}
+        self.state: SpecState | None = None
+        self.chain = DraftTree.empty()
+
+    def get_candidates(self, input_ids: torch.LongTensor, **kwargs) -> tuple[torch.LongTensor, torch.Tensor | None]:
+        cache = kwargs["model_kwargs"].get("past_key_values")
+        if self.state is None:
+            self.state = SpecState(self.model, cache, input_ids, self.generation_config)
+            self.drafter.begin(self.state)
+        self.state.input_ids, self.state.cache = input_ids, cache
+        room = self.generation_config.max_length - input_ids.shape[1]
+        tree = self.drafter.propose(self.state, max_depth=max(room - 1, 0))
+        self.chain = _first_branch(tree.truncate_depth(max(room - 1, 0)))
+        candidates = torch.cat([input_ids, self.chain.tokens.view(1, -1).to(input_ids.device)], dim=1)
+        logits = None
+        if self.chain.draft_probs is not None and bool(self.chain.draft_probs.any(dim=-1).all()):
+            logits = self.chain.draft_probs.log()[None]  # softmax(log q) == q
+        return candidates, logits
+
+    def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int):
+        new = input_ids.shape[1] - self.state.input_ids.shape[1]
+        self.state.input_ids = input_ids
+        result = RoundResult(self.chain, list(range(num_matches)), input_ids[0, -new:].tolist())
+        self.drafter.observe(self.state, result)
+
+
+def _first_branch(tree: DraftTree) -> DraftTree:
+    keep = torch.zeros(len(tree), dtype=torch.bool)
+    node = -1
+    while tree.children[node + 1]:
+        node = tree.children[node + 1][0]
+        keep[node] = True
+    return tree.select(keep)
+
+
+class AssistantHandle:
+    """Returned by `enable_assistant`; a context manager. `disable()` restores the model's own `generate`."""
+
+    def __init__(self, model: PreTrainedModel, loop: str) -> None:
+        self.model, self.loop = model, loop
+
+    def disable(self) -> None:
+        self.model.__dict__.pop("generate", None)
+
+    def __enter__(self) -> AssistantHandle:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.disable()
+
+
+def enable_assistant(
+    model: PreTrainedModel, loop: Literal["hf-spec", "transformers"] = "hf-spec"
+) -> AssistantHandle:
+    """Let `model.generate(..., assistant_model=X)` accept hf-spec drafters.
+
+    `X` may be a `SpeculativeDecoder`, a `Drafter` or a `MethodConfig`; any other assistant (a transformers
+    model) goes to transformers untouched.
+    - `loop="hf-spec"`: hf-spec's tree loop runs (same as `custom_generate=SpeculativeDecoder(X)`).
+    - `loop="transformers"`: transformers' own assisted loop runs, with the drafter's first branch as the
+      candidate chain.
+    """
+    if loop not in ("hf-spec", "transformers"):
+        raise ValueError(f"loop must be 'hf-spec' or 'transformers', got {loop!r}")
+    if "generate" in model.__dict__:
+        raise RuntimeError("hf-spec assistant support is already enabled on this model")
+    original = type(model).generate
+
+    def generate(*args, assistant_model=None, **kwargs):
+        if not isinstance(assistant_model, AssistantLike):
+            return original(model, *args, assistant_model=assistant_model, **kwargs)
+        decoder = _as_decoder(assistant_model)
+        if loop == "hf-spec":
+            return original(model, *args, custom_generate=decoder, **kwargs)
+        drafter = decoder.drafter_for(model)
+
+        def candidate_generator(generation_config, **_):
+            return HfSpecCandidateGenerator(drafter, model, generation_config)
+
+        model._get_candidate_generator = candidate_generator
+        try:  # the target stands in as "assistant" for transformers' checks; our generator does the drafting
+            return original(model, *args, assistant_model=model, **kwargs)
+        finally:
+            del model._get_candidate_generator
+
+    model.generate = generate
+    return AssistantHandle(model, loop)
+
+
+_GENERATE_PY = '''"""hf-spec speculative decoding recipe, loaded by `model.generate(custom_generate=<this folder>,
+trust_remote_code=True)`. Requires the `hf-spec` package."""
+
+from hf_spec.integrations import generate_with_recipe
+
+RECIPE = {recipe}
+
+
+def generate(model, **kwargs):
+    return generate_with_recipe(model, RECIPE, **kwargs)
+'''
+
+
+def save_custom_generate(folder: str | Path, method: str | MethodConfig) -> Path:
+    """Write a Hub-style folder whose `custom_generate/generate.py` runs `method` through hf-spec's loop."""
+    from hf_spec.registry import parse_method
+
+    config = parse_method(method)
+    folder = Path(folder)
+    (folder / "custom_generate").mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(folder)
+    recipe = json.dumps(config.to_dict())
+    (folder / "custom_generate" / "generate.py").write_text(_GENERATE_PY.format(recipe=repr(recipe)))
+    (folder / "custom_generate" / "requirements.txt").write_text("hf-spec\n")
+    return folder
+
+
+def generate_with_recipe(model: PreTrainedModel, recipe: str | dict, **generate_kwargs):
+    """Entry used by saved `custom_generate/generate.py` files: re-enter `generate` with the hf-spec loop."""
+    from hf_spec.registry import get_method
+
+    data = json.loads(recipe) if isinstance(recipe, str) else dict(recipe)
+    config = get_method(data["method"]).config_cls.from_dict(data)
+    generate_kwargs = {k: v for k, v in generate_kwargs.items() if v is not None}
+    return model.generate(custom_generate=SpeculativeDecoder(config), **generate_kwargs)

@@ -1,0 +1,66 @@
+"""Shared fixtures: tiny random targets of two architectures and the real stories260K model."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+FIXTURES = Path(__file__).parent / "fixtures"
+STORIES = FIXTURES / "stories260K"
+
+
+def tiny_config(arch: str, vocab_size: int = 96, layers: int = 4):
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
+    return LlamaConfig(**common) if arch == "llama" else Qwen2Config(**common)
+
+
+def make_tiny_model(arch: str, seed: int = 0, vocab_size: int = 96, layers: int = 4, temperature: float = 4.0):
+    """A random model whose logits are spread enough to make sampling tests informative but peaked enough that
+    greedy paths repeat (so n-gram drafters get matches)."""
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, vocab_size, layers), attn_implementation="sdpa")
+    with torch.no_grad():
+        model.lm_head.weight.mul_(temperature)
+    return model.eval()
+
+
+@pytest.fixture(scope="session", params=["llama", "qwen2"])
+def tiny_model(request):
+    return make_tiny_model(request.param)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama():
+    return make_tiny_model("llama")
+
+
+@pytest.fixture(scope="session")
+def stories():
+    tok = AutoTokenizer.from_pretrained(STORIES)
+    model = AutoModelForCausalLM.from_pretrained(STORIES).eval()
+    return model, tok
+
+
+def prompt_ids(length: int = 12, vocab_size: int = 96, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    body = torch.randint(3, vocab_size, (1, length - 1), generator=g)
+    return torch.cat([torch.ones(1, 1, dtype=torch.long), body], dim=1)

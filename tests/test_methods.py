@@ -1,0 +1,98 @@
+"""One shared tester over every registered method and two tiny architectures: greedy output must equal plain
+`generate` token for token."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hf_spec import SpeculativeDecoder, list_methods
+from hf_spec.methods.draft_model.config import DraftModelConfig
+from hf_spec.methods.draft_model.drafter import DraftModelDrafter
+from hf_spec.methods.pld.ngram_matcher import find_continuations
+from tests.conftest import make_tiny_model, prompt_ids
+
+METHOD_SPECS = ["pld", "pld:3", "early-exit:1", "early-exit:3", "oracle:6", "draft-model"]
+
+
+def decoder_for(spec: str, model) -> SpeculativeDecoder:
+    if spec == "draft-model":
+        draft = make_tiny_model("llama", seed=5, layers=2)
+        return SpeculativeDecoder(DraftModelDrafter(DraftModelConfig(num_draft_tokens=4, siblings=2), model, draft_model=draft))
+    return SpeculativeDecoder(spec)
+
+
+def test_every_registered_method_is_covered():
+    assert {s.split(":")[0] for s in METHOD_SPECS} == set(list_methods())
+
+
+@pytest.mark.parametrize("spec", METHOD_SPECS)
+@pytest.mark.parametrize("seed", [1, 2])
+def test_greedy_equals_generate(tiny_model, spec, seed):
+    ids = prompt_ids(14, seed=seed)
+    ref = tiny_model.generate(ids, max_new_tokens=40, do_sample=False)
+    dec = decoder_for(spec, tiny_model)
+    out = tiny_model.generate(ids, max_new_tokens=40, do_sample=False, custom_generate=dec)
+    assert torch.equal(out, ref)
+    assert dec.last_stats.new_tokens == ref.shape[1] - ids.shape[1]
+
+
+@pytest.mark.parametrize("spec", ["pld", "early-exit:2", "oracle:5"])
+def test_greedy_with_logits_processors_equals_generate(tiny_llama, spec):
+    """Repetition penalty and no-repeat n-grams depend on the prefix: applied per tree path."""
+    ids = prompt_ids(10, seed=3)
+    kw = dict(max_new_tokens=40, do_sample=False, repetition_penalty=1.3, no_repeat_ngram_size=3)
+    ref = tiny_llama.generate(ids, **kw)
+    assert torch.equal(tiny_llama.generate(ids, custom_generate=SpeculativeDecoder(spec), **kw), ref)
+
+
+def test_real_stories_model_all_methods(stories):
+    model, tok = stories
+    ids = tok("Once upon a time, there was a little girl named Lily", return_tensors="pt").input_ids
+    ref = model.generate(ids, max_new_tokens=64, do_sample=False)
+    for spec in ["pld", "early-exit:2", "oracle:8"]:
+        dec = SpeculativeDecoder(spec)
+        assert torch.equal(model.generate(ids, max_new_tokens=64, do_sample=False, custom_generate=dec), ref), spec
+    assert dec.last_stats.tau > 4  # the oracle accepts everything
+
+
+def test_oracle_accepts_everything_greedy(tiny_llama):
+    ids = prompt_ids(10, seed=4)
+    dec = SpeculativeDecoder("oracle:4")
+    tiny_llama.generate(ids, max_new_tokens=40, do_sample=False, custom_generate=dec)
+    assert dec.last_stats.accepted_tokens == dec.last_stats.draft_tokens
+    assert dec.last_stats.tau == pytest.approx(5.0, abs=0.2)
+
+
+def brute_continuations(tokens, max_ngram, min_ngram, length, max_candidates):
+    tokens = list(tokens)
+    found = []
+    for n in range(max_ngram, min_ngram - 1, -1):
+        if len(tokens) <= n:
+            continue
+        suffix = tokens[-n:]
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start : start + n] == suffix:
+                cont = tokens[start + n : start + n + length]
+                if cont not in found:
+                    found.append(cont)
+                if len(found) == max_candidates:
+                    return found
+    return found
+
+
+@given(
+    st.lists(st.integers(0, 4), min_size=1, max_size=40),
+    st.integers(1, 4),
+    st.integers(1, 4),
+    st.integers(1, 6),
+    st.integers(1, 5),
+)
+@settings(max_examples=300, deadline=None)
+def test_ngram_matcher_against_brute_force(tokens, max_ngram, min_ngram, length, max_candidates):
+    min_ngram = min(min_ngram, max_ngram)
+    got = find_continuations(np.array(tokens), max_ngram, min_ngram, length, max_candidates)
+    assert got == brute_continuations(tokens, max_ngram, min_ngram, length, max_candidates)
