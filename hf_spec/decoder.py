@@ -5,7 +5,7 @@ from __future__ import annotations
 import weakref
 
 import torch
-from transformers import LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
+from transformers import LogitsProcessorList, PreTrainedModel, StoppingCriteriaList, StopStringCriteria
 
 from hf_spec.config import MethodConfig
 from hf_spec.generate import SpecDecodeOutput, SpecStats, _streamer_from_generate_frame, speculative_generate
@@ -52,9 +52,22 @@ class SpeculativeDecoder:
         logits_processor: LogitsProcessorList,
         stopping_criteria: StoppingCriteriaList,
         generation_config,
+        stop_strings: str | list[str] | None = None,
         **model_kwargs,
     ) -> torch.Tensor | SpecDecodeOutput:
+        # transformers drops `streamer` and `tokenizer` before calling a callable custom_generate; `stop_strings`
+        # is declared here so transformers hands it to us, and we build its criterion with our tokenizer
         streamer = model_kwargs.pop("streamer", None) or _streamer_from_generate_frame()
+        if stop_strings:
+            tokenizer = model_kwargs.pop("tokenizer", None) or self.tokenizer
+            if tokenizer is None:
+                raise ValueError(
+                    "stop_strings needs a tokenizer: build the decoder with SpeculativeDecoder(..., tokenizer=tok) "
+                    "(transformers does not pass generate's `tokenizer` to custom_generate callables)"
+                )
+            stopping_criteria = StoppingCriteriaList(
+                [*stopping_criteria, StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings)]
+            )
         model_kwargs.pop("synced_gpus", None)
         generator = None
         if self.seed is not None:

@@ -24,6 +24,7 @@ import torch
 from transformers import LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from hf_spec.kernels.skinny_linear import fast_linears
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
 from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
 from hf_spec.verify.acceptance import Acceptance, accept_greedy, accept_sampling
@@ -78,12 +79,12 @@ def check_supported(model: PreTrainedModel, input_ids: torch.Tensor, generation_
     """Raise a clear error for settings the speculative loop cannot honour."""
     if model.config.is_encoder_decoder:
         raise ValueError("hf-spec supports decoder-only models; encoder-decoder models are not supported")
-    if input_ids.shape[0] != 1:
-        raise ValueError(f"hf-spec decodes one sequence at a time; got batch size {input_ids.shape[0]}")
     if (generation_config.num_beams or 1) > 1:
         raise ValueError("hf-spec does not support beam search (num_beams > 1)")
     if (generation_config.num_return_sequences or 1) > 1:
         raise ValueError("hf-spec returns one sequence; num_return_sequences must be 1")
+    if input_ids.shape[0] != 1:
+        raise ValueError(f"hf-spec decodes one sequence at a time; got batch size {input_ids.shape[0]}")
     for name in ("penalty_alpha", "dola_layers"):
         if getattr(generation_config, name, None) is not None:
             raise ValueError(f"hf-spec cannot combine speculation with `{name}`")
@@ -168,14 +169,15 @@ def speculative_generate(
                 verify_ids = torch.cat([root, tree.tokens.view(1, -1).to(device)], dim=1)
                 position_ids = tree_position_ids(tree, past, device)
                 mask = tree_attention_mask(tree, past, model.dtype, device)
-            out = model(
-                input_ids=verify_ids,
-                position_ids=position_ids,
-                attention_mask=mask,
-                past_key_values=cache,
-                use_cache=True,
-                output_hidden_states=want_hidden,
-            )
+            with fast_linears(model, enabled=len(tree) > 0):
+                out = model(
+                    input_ids=verify_ids,
+                    position_ids=position_ids,
+                    attention_mask=mask,
+                    past_key_values=cache,
+                    use_cache=True,
+                    output_hidden_states=want_hidden,
+                )
             logits = out.logits[0].float()  # [num_nodes + 1, vocab_size]
             t2 = time.perf_counter()
 

@@ -13,7 +13,10 @@ class PLDConfig(MethodConfig):
         num_draft_tokens: longest continuation drafted (tree depth).
         max_ngram / min_ngram: n-gram sizes matched against the context, longest first.
         max_candidates: continuations merged into the tree.
-        max_nodes: verification budget (tree size).
+        max_nodes: verification budget (tree size) when the match is strong.
+        strong_ngram: a match this long (or longer) earns the full budget.
+        weak_nodes: budget when only shorter n-grams match. On CPUs, verifying up to ~3 tokens costs about
+            one plain step and 4+ tokens about twice that, so weak matches get a cheap tree.
     """
 
     method = "pld"
@@ -24,3 +27,5 @@ class PLDConfig(MethodConfig):
     min_ngram: int = field(default=1, metadata={"help": "shortest n-gram matched"})
     max_candidates: int = field(default=4, metadata={"help": "continuations merged into the tree"})
     max_nodes: int = field(default=24, metadata={"help": "verification budget in tree nodes"})
+    strong_ngram: int = field(default=3, metadata={"help": "n-gram length that earns the full budget"})
+    weak_nodes: int = field(default=2, metadata={"help": "budget when only shorter n-grams match"})

@@ -9,6 +9,12 @@ from numpy.lib.stride_tricks import sliding_window_view
 def find_continuations(
     tokens: np.ndarray, max_ngram: int, min_ngram: int, length: int, max_candidates: int
 ) -> list[list[int]]:
+    return find_continuations_with_ngram(tokens, max_ngram, min_ngram, length, max_candidates)[0]
+
+
+def find_continuations_with_ngram(
+    tokens: np.ndarray, max_ngram: int, min_ngram: int, length: int, max_candidates: int
+) -> tuple[list[list[int]], int]:
     """Continuations that followed earlier occurrences of the context's last n-gram.
 
     Longer n-grams are tried first; within one n, the most recent occurrence comes first. Continuations are
@@ -16,9 +22,12 @@ def find_continuations(
 
     Example: tokens = [5 6 7 5 6 8 5 6], max_ngram=2, min_ngram=2, length=3 ->
         the suffix (5, 6) occurred at positions 3 and 0 -> [[8, 5, 6], [7, 5, 6]]
+
+    Also returns the longest n-gram that matched (0 if none).
     """
     n_tokens = len(tokens)
     found: list[list[int]] = []
+    best = 0
     seen: set[tuple[int, ...]] = set()
     for n in range(min(max_ngram, n_tokens - 1), min_ngram - 1, -1):
         # windows that end before the last token, so each has at least one continuation token
@@ -31,6 +40,7 @@ def find_continuations(
                 continue
             seen.add(key)
             found.append(list(key))
+            best = max(best, n)
             if len(found) >= max_candidates:
-                return found
-    return found
+                return found, best
+    return found, best

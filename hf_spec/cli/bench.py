@@ -1,0 +1,72 @@
+"""`hf-spec bench`: speed, tau and losslessness of methods against plain `generate`."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from hf_spec.cli.common import load_target, set_threads
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("bench", help="benchmark methods against plain generate (Spec-Bench style)")
+    p.add_argument("--target", required=True, help="known model name, local folder or Hub id")
+    p.add_argument("--methods", required=True, help="comma list: ar, hf-pld, hf-early-exit:K, or hf-spec name[:arg]")
+    p.add_argument("--prompts", required=True, help="Spec-Bench style .jsonl (question_id, category, turns)")
+    p.add_argument("--limit", type=int, default=None, help="first N prompts")
+    p.add_argument("--per-category", type=int, default=None, help="first K prompts of each category")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--turns", choices=["first", "all"], default="first")
+    p.add_argument("--check-lossless", action="store_true", help="compare every output with ar's")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    p.add_argument("--out", required=True, help="output folder for results.json/.md and speedup.png")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm.auto import tqdm
+
+    from hf_spec.bench.runner import load_prompts, markdown_table, run_bench, write_outputs
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if args.check_lossless and "ar" not in methods:
+        print("--check-lossless needs `ar` among the methods", file=sys.stderr)
+        return 2
+    if "ar" in methods:  # ar runs first on every prompt: it is the reference
+        methods.remove("ar")
+        methods.insert(0, "ar")
+    set_threads(args.threads)
+    prompts = load_prompts(args.prompts, args.limit, args.per_category)
+    model, tokenizer = load_target(args.target)
+    results = run_bench(
+        model,
+        tokenizer,
+        methods,
+        prompts,
+        max_new_tokens=args.max_new_tokens,
+        turns=args.turns,
+        check_lossless=args.check_lossless,
+        progress=lambda total: tqdm(total=total, desc="bench", unit="run"),
+    )
+    results["command"] = "hf-spec bench " + " ".join(shlex.quote(a) for a in _argv_of(args))
+    write_outputs(results, args.out)
+    print(markdown_table(results))
+    print(f"wrote {args.out}/results.json, results.md, speedup.png")
+    return 0
+
+
+def _argv_of(args: argparse.Namespace) -> list[str]:
+    out = ["--target", args.target, "--methods", args.methods, "--prompts", args.prompts]
+    if args.limit:
+        out += ["--limit", str(args.limit)]
+    if args.per_category:
+        out += ["--per-category", str(args.per_category)]
+    out += ["--max-new-tokens", str(args.max_new_tokens)]
+    if args.turns != "first":
+        out += ["--turns", args.turns]
+    if args.check_lossless:
+        out.append("--check-lossless")
+    return out + ["--out", args.out]
+

@@ -1,0 +1,19 @@
+"""Helpers shared by sub-commands."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def set_threads(threads: int | None) -> int:
+    n = threads or os.cpu_count() or 1
+    torch.set_num_threads(n)
+    return n
+
+
+def load_target(name_or_path: str):
+    from hf_spec.models import load_model
+
+    return load_model(name_or_path)

@@ -1,0 +1,1 @@
+"""Kernels: pure functions, each with a plain torch reference. CPU paths never import triton."""

@@ -1,0 +1,109 @@
+"""do_sample=True through the whole loop: per-position token distributions equal the target's (chi-square),
+for chains and trees, with temperature and top-p applied as plain sampling applies them."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+
+from hf_spec import SpeculativeDecoder
+from hf_spec.config import MethodConfig
+from hf_spec.methods.base import Drafter, SpecState
+from hf_spec.tree.buffers import DraftTree
+from tests.conftest import make_tiny_model
+from tests.stats import chi2_pvalue
+
+V, NEW, TEMP, TOP_P = 12, 3, 0.8, 0.9
+
+
+class SampledTreeDrafter(Drafter):
+    """Test drafter with exact q: a different tiny model's distribution; `width` root children drawn
+    without replacement (each reporting its conditional q), each continued by one child drawn from q,
+    plus one deterministic leaf (the draft argmax) -- a mix of every proposal kind."""
+
+    def __init__(self, target, draft, width: int) -> None:
+        super().__init__(MethodConfig(), target)
+        self.draft, self.width = draft, width
+
+    def _q(self, ids: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return torch.softmax(self.draft(input_ids=ids).logits[0, -1].float() / 1.3, -1)
+
+    def propose(self, state: SpecState, max_depth: int) -> DraftTree:
+        if max_depth <= 0:
+            return DraftTree.empty()
+        q = self._q(state.input_ids)
+        tokens, parents, rows = [], [], []
+        rest = q.clone()
+        for _ in range(self.width):
+            cond = rest / rest.sum()
+            tok = int(torch.multinomial(cond, 1))
+            tokens.append(tok), parents.append(-1), rows.append(cond)
+            rest[tok] = 0
+        if rest.sum() > 0:  # deterministic leaf: argmax of what is left
+            tok = int(rest.argmax())
+            tokens.append(tok), parents.append(-1), rows.append(torch.zeros(V))
+        if max_depth >= 2:
+            for parent in range(self.width):
+                qc = self._q(torch.cat([state.input_ids, torch.tensor([[tokens[parent]]])], dim=1))
+                tokens.append(int(torch.multinomial(qc, 1))), parents.append(parent), rows.append(qc)
+        return DraftTree(torch.tensor(tokens), torch.tensor(parents), torch.stack(rows))
+
+
+def exact_marginals(model, prompt: torch.Tensor) -> list[dict[int, float]]:
+    """Per-position marginals of plain sampling (temperature + top-p), by enumeration."""
+    procs = LogitsProcessorList([TemperatureLogitsWarper(TEMP), TopPLogitsWarper(TOP_P)])
+    probs_of: dict[tuple, torch.Tensor] = {}
+
+    def dist(prefix: tuple) -> torch.Tensor:
+        if prefix not in probs_of:
+            ids = torch.cat([prompt[0], torch.tensor(prefix, dtype=torch.long)])[None]
+            with torch.no_grad():
+                logits = model(input_ids=ids).logits[:, -1].float()
+            probs_of[prefix] = torch.softmax(procs(ids, logits), -1)[0]
+        return probs_of[prefix]
+
+    marginals = []
+    paths = {(): 1.0}
+    for _ in range(NEW):
+        nxt: dict[tuple, float] = {}
+        for prefix, w in paths.items():
+            p = dist(prefix)
+            for t in torch.nonzero(p > 0).flatten().tolist():
+                nxt[prefix + (t,)] = nxt.get(prefix + (t,), 0.0) + w * float(p[t])
+        marginals.append({t: sum(w for k, w in nxt.items() if k[-1] == t) for t in range(V)})
+        paths = {k: w for k, w in nxt.items() if w > 1e-4}  # drop negligible paths: bounds the enumeration
+    return marginals
+
+
+@pytest.mark.parametrize("width", [1, 2])  # 1: a chain (+ a deterministic sibling), 2: a wider tree
+def test_loop_sampling_matches_plain_sampling(width):
+    target = make_tiny_model("llama", seed=11, vocab_size=V, layers=2, temperature=2.0)
+    draft = make_tiny_model("llama", seed=12, vocab_size=V, layers=1, temperature=2.0)
+    prompt = torch.tensor([[1, 5, 7, 3, 9]])
+    expected = exact_marginals(target, prompt)
+    decoder = SpeculativeDecoder(SampledTreeDrafter(target, draft, width))
+    torch.manual_seed(2024)
+    n = 1500
+    counts = [Counter() for _ in range(NEW)]
+    accepted = 0
+    for _ in range(n):
+        out = target.generate(
+            prompt, max_new_tokens=NEW, do_sample=True, temperature=TEMP, top_p=TOP_P, top_k=0,
+            custom_generate=decoder, pad_token_id=0, eos_token_id=None,
+        )
+        for pos, tok in enumerate(out[0, prompt.shape[1] :].tolist()):
+            counts[pos][tok] += 1
+        accepted += decoder.last_stats.accepted_tokens
+    assert accepted > n * 0.3  # the drafts are really being accepted, not just bonus tokens
+    for pos in range(NEW):
+        assert chi2_pvalue(counts[pos], expected[pos], n) > 1e-3, (pos, counts[pos])
+
+
+def test_enumeration_helper_sums_to_one():
+    target = make_tiny_model("llama", seed=11, vocab_size=V, layers=2, temperature=2.0)
+    for marg in exact_marginals(target, torch.tensor([[1, 5, 7]])):
+        assert sum(marg.values()) == pytest.approx(1.0, abs=2e-3)
