@@ -1,0 +1,73 @@
+"""`hf-spec bench` end to end on the real stories260K model (no chat template: plain text prompts)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hf_spec.bench.runner import first_divergence, load_prompts, spec_bench_group
+from hf_spec.cli.main import main
+from tests.conftest import STORIES
+
+
+@pytest.fixture(autouse=True)
+def keep_threads():
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
+def prompt_file(tmp_path):
+    rows = [
+        {"question_id": 1, "category": "writing", "turns": ["Once upon a time, there was a little girl", "Then"]},
+        {"question_id": 2, "category": "summarization", "turns": ["Tom had a big red ball. Tom had a big"]},
+        {"question_id": 3, "category": "summarization", "turns": ["The cat sat on the mat. The dog"]},
+    ]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_bench_writes_spec_bench_results(prompt_file, tmp_path):
+    out = tmp_path / "out"
+    methods = "ar,hf-pld,hf-early-exit:3,pld,early-exit:3,oracle:4"
+    code = main(["bench", "--target", str(STORIES), "--methods", methods, "--prompts", str(prompt_file),
+                 "--max-new-tokens", "24", "--check-lossless", "--threads", "1", "--out", str(out)])
+    assert code == 0
+    results = json.loads((out / "results.json").read_text())
+    assert list(results["summary"]) == methods.split(",")
+    ar = results["summary"]["ar"]
+    assert ar["speedup_vs_ar"] == pytest.approx(1.0) and ar["tau"] == pytest.approx(1.0)
+    for name, entry in results["summary"].items():
+        assert {"speedup_vs_ar", "tau", "tokens_per_s", "per_category", "per_group", "draft_utilization"} <= set(entry)
+        assert set(entry["per_category"]) == {"writing", "summarization"}
+        if name != "ar":
+            assert entry["lossless_mismatches"] == 0 and entry["near_tie_mismatches"] == 0
+    assert results["summary"]["oracle:4"]["tau"] > 3.5
+    assert len(results["runs"]) == 6 * 3
+    assert results["machine"]["torch_threads"] == 1
+    assert results["command"].startswith("hf-spec bench --target")
+    assert (out / "results.md").read_text().startswith("| method |")
+    assert (out / "speedup.png").stat().st_size > 1000
+
+
+def test_bench_all_turns_and_bad_prompt_file(prompt_file, tmp_path):
+    code = main(["bench", "--target", str(STORIES), "--methods", "ar,pld", "--prompts", str(prompt_file),
+                 "--limit", "1", "--turns", "all", "--max-new-tokens", "8", "--out", str(tmp_path / "o")])
+    assert code == 0
+    runs = json.loads((tmp_path / "o" / "results.json").read_text())["runs"]
+    assert sorted((r["method"], r["turn"]) for r in runs) == [("ar", 0), ("ar", 1), ("pld", 0), ("pld", 1)]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question_id": 1}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: not a Spec-Bench question"):
+        load_prompts(bad)
+
+
+def test_helpers():
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert first_divergence([1, 2], [1, 2, 3]) == 2
+    assert spec_bench_group("coding") == "mt_bench" and spec_bench_group("rag") == "rag"
