@@ -1,0 +1,448 @@
+"""A C++ CPU kernel for `x @ W.T (+ bias)` with few rows in x (speculative verification), compiled on first use.
+
+MKL's sgemm runs `F.linear(x, W)` for 4..32 rows of x well below memory bandwidth. This kernel reads each row of
+W from memory once: a tile of 4 rows of W is multiplied with up to 6 rows of x at a time (24 AVX-512
+accumulators; x stays in L1/L2), vectorised over K, while the next tile of W is prefetched; the tiles are split
+over torch's intra-op threads with `at::parallel_for`. The ISA is picked at run time (AVX-512, AVX2+FMA, or plain
+C++), so one build serves any x86-64 CPU. fp32 only; the weight is used as it is (no copy, no transpose).
+
+Built with `torch.utils.cpp_extension.load_inline` (needs a C++ compiler and ninja; ~3 s the first time, then
+loaded from `~/.cache/hf-spec/torch_extensions` or `$HF_SPEC_KERNEL_CACHE`). Any failure to build or load logs
+one warning and `skinny_gemm` falls back to `F.linear`; `HF_SPEC_NO_CPP_KERNELS=1` turns the kernel off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import sys
+import sysconfig
+import threading
+import time
+from pathlib import Path
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+
+logger = logging.getLogger(__name__)
+
+MIN_ROWS, MAX_ROWS = 2, 32  # rows of x the kernel accepts
+ISA_AUTO, ISA_SCALAR, ISA_AVX2, ISA_AVX512 = -1, 0, 1, 2
+
+CPP_SOURCE = r"""
+// y[M, N] = x[M, K] @ w[N, K]^T (+ bias[N]), fp32, all contiguous. Each row of w is read from memory once.
+#include <Python.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <algorithm>
+#include <cstdint>
+
+namespace {
+
+constexpr int64_t NR = 4;       // rows of w per tile (all ISAs)
+constexpr int MR_AVX512 = 6;    // rows of x per tile: 4 x 6 accumulators + 4 w + 1 x = 29 of 32 zmm
+constexpr int MR_AVX2 = 2;      // 4 x 2 accumulators + 4 w + 1 x = 13 of 16 ymm
+constexpr int MR_SCALAR = 4;
+
+// tile(w, x, K, N, y, bias, next, npf): y[j * N + i] = <w row i, x row j> (+ bias[i]) for the tile's rows i of w
+// and rows j of x; meanwhile prefetch `npf` rows of w starting at `next`.
+using TileFn = void (*)(const float*, const float*, int64_t, int64_t, float*, const float*, const float*, int);
+
+// ------------------------------------------------------------------------------------------------ plain C++
+template <int NRT, int MR>
+void tile_scalar(const float* __restrict w, const float* __restrict x, int64_t K, int64_t N,
+                 float* __restrict y, const float* __restrict bias, const float*, int) {
+  float acc[NRT][MR] = {};
+  for (int64_t k = 0; k < K; ++k) {
+    for (int i = 0; i < NRT; ++i) {
+      const float wv = w[i * K + k];
+      for (int j = 0; j < MR; ++j) acc[i][j] += wv * x[j * K + k];
+    }
+  }
+  for (int j = 0; j < MR; ++j)
+    for (int i = 0; i < NRT; ++i) y[j * N + i] = acc[i][j] + (bias ? bias[i] : 0.0f);
+}
+
+// ------------------------------------------------------------------------------------------------ AVX2 + FMA
+#define HF_AVX2 __attribute__((target("avx2,fma")))
+
+HF_AVX2 inline __m128 hsum128_avx2(__m256 a) {
+  return _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+}
+
+HF_AVX2 inline float hsum_avx2(__m256 a) {
+  __m128 s = hsum128_avx2(a);
+  s = _mm_hadd_ps(s, s);
+  s = _mm_hadd_ps(s, s);
+  return _mm_cvtss_f32(s);
+}
+
+alignas(32) static const int32_t kMask8[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+
+template <int NRT, int MR>
+HF_AVX2 void tile_avx2(const float* __restrict w, const float* __restrict x, int64_t K, int64_t N,
+                       float* __restrict y, const float* __restrict bias, const float*, int) {
+  __m256 acc[NRT][MR];
+#pragma GCC unroll 4
+  for (int i = 0; i < NRT; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < MR; ++j) acc[i][j] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    __m256 wv[NRT];
+#pragma GCC unroll 4
+    for (int i = 0; i < NRT; ++i) wv[i] = _mm256_loadu_ps(w + i * K + k);
+#pragma GCC unroll 8
+    for (int j = 0; j < MR; ++j) {
+      const __m256 xv = _mm256_loadu_ps(x + j * K + k);
+#pragma GCC unroll 4
+      for (int i = 0; i < NRT; ++i) acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
+    }
+  }
+  if (k < K) {
+    const __m256i mask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kMask8 + 8 - (K - k)));
+    __m256 wv[NRT];
+#pragma GCC unroll 4
+    for (int i = 0; i < NRT; ++i) wv[i] = _mm256_maskload_ps(w + i * K + k, mask);
+#pragma GCC unroll 8
+    for (int j = 0; j < MR; ++j) {
+      const __m256 xv = _mm256_maskload_ps(x + j * K + k, mask);
+#pragma GCC unroll 4
+      for (int i = 0; i < NRT; ++i) acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
+    }
+  }
+  if constexpr (NRT == 4) {
+#pragma GCC unroll 8
+    for (int j = 0; j < MR; ++j) {
+      __m128 s = _mm_hadd_ps(_mm_hadd_ps(hsum128_avx2(acc[0][j]), hsum128_avx2(acc[1][j])),
+                             _mm_hadd_ps(hsum128_avx2(acc[2][j]), hsum128_avx2(acc[3][j])));
+      if (bias) s = _mm_add_ps(s, _mm_loadu_ps(bias));
+      _mm_storeu_ps(y + j * N, s);
+    }
+  } else {
+    for (int j = 0; j < MR; ++j)
+      for (int i = 0; i < NRT; ++i) y[j * N + i] = hsum_avx2(acc[i][j]) + (bias ? bias[i] : 0.0f);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ AVX-512
+#define HF_AVX512 __attribute__((target("avx512f,avx2,fma")))
+
+HF_AVX512 inline __m128 hsum128_avx512(__m512 a) {
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a),
+                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+template <int NRT, int MR>
+HF_AVX512 void tile_avx512(const float* __restrict w, const float* __restrict x, int64_t K, int64_t N,
+                           float* __restrict y, const float* __restrict bias, const float* next, int npf) {
+  __m512 acc[NRT][MR];
+#pragma GCC unroll 4
+  for (int i = 0; i < NRT; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < MR; ++j) acc[i][j] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    __m512 wv[NRT];
+#pragma GCC unroll 4
+    for (int i = 0; i < NRT; ++i) wv[i] = _mm512_loadu_ps(w + i * K + k);
+    // pull `npf` rows of the next tile of w into L2 while this one computes, so DRAM and the FMAs overlap
+    for (int i = 0; i < npf; ++i) _mm_prefetch(reinterpret_cast<const char*>(next + i * K + k), _MM_HINT_T1);
+#pragma GCC unroll 8
+    for (int j = 0; j < MR; ++j) {
+      const __m512 xv = _mm512_loadu_ps(x + j * K + k);
+#pragma GCC unroll 4
+      for (int i = 0; i < NRT; ++i) acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
+    }
+  }
+  if (k < K) {
+    const __mmask16 mask = static_cast<__mmask16>((1u << (K - k)) - 1u);
+    __m512 wv[NRT];
+#pragma GCC unroll 4
+    for (int i = 0; i < NRT; ++i) wv[i] = _mm512_maskz_loadu_ps(mask, w + i * K + k);
+#pragma GCC unroll 8
+    for (int j = 0; j < MR; ++j) {
+      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + j * K + k);
+#pragma GCC unroll 4
+      for (int i = 0; i < NRT; ++i) acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
+    }
+  }
+  if constexpr (NRT == 4) {
+#pragma GCC unroll 8
+    for (int j = 0; j < MR; ++j) {
+      __m128 s = _mm_hadd_ps(_mm_hadd_ps(hsum128_avx512(acc[0][j]), hsum128_avx512(acc[1][j])),
+                             _mm_hadd_ps(hsum128_avx512(acc[2][j]), hsum128_avx512(acc[3][j])));
+      if (bias) s = _mm_add_ps(s, _mm_loadu_ps(bias));
+      _mm_storeu_ps(y + j * N, s);
+    }
+  } else {
+    for (int j = 0; j < MR; ++j)
+      for (int i = 0; i < NRT; ++i) y[j * N + i] = _mm512_reduce_add_ps(acc[i][j]) + (bias ? bias[i] : 0.0f);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ dispatch
+// table[nr - 1][mr - 1]
+#define HF_ROW(F, NRT) {F<NRT, 1>, F<NRT, 2>, F<NRT, 3>, F<NRT, 4>, F<NRT, 5>, F<NRT, 6>}
+#define HF_TABLE(F) {HF_ROW(F, 1), HF_ROW(F, 2), HF_ROW(F, 3), HF_ROW(F, 4)}
+static const TileFn kScalar[4][6] = HF_TABLE(tile_scalar);
+static const TileFn kAvx2[4][6] = HF_TABLE(tile_avx2);
+static const TileFn kAvx512[4][6] = HF_TABLE(tile_avx512);
+
+enum Isa : int { kIsaScalar = 0, kIsaAvx2 = 1, kIsaAvx512 = 2 };
+
+int detect_isa() {
+  __builtin_cpu_init();  // libgcc's checks include the OS saving the AVX / AVX-512 registers (XGETBV)
+  if (__builtin_cpu_supports("avx512f")) return kIsaAvx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return kIsaAvx2;
+  return kIsaScalar;
+}
+
+int best_isa() {
+  static const int isa = detect_isa();
+  return isa;
+}
+
+// Rows [n0, n1) of y^T: tiles of NR rows of w, each against all of x in chunks of at most mr_max rows (split evenly).
+void run_rows(const TileFn (*table)[6], int mr_max, const float* x, const float* w, const float* bias, float* y,
+              int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1) {
+  const int64_t chunks = (M + mr_max - 1) / mr_max;
+  for (int64_t n = n0; n < n1; n += NR) {
+    const int64_t nr = std::min<int64_t>(NR, n1 - n);
+    int64_t m = 0;
+    // the next tile's rows are prefetched spread over this tile's chunks
+    const int64_t pf_rows = std::max<int64_t>(0, std::min<int64_t>(NR, n1 - (n + NR)));
+    int64_t pf_done = 0;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t mr = (M - m) / (chunks - c);
+      const int64_t npf = (pf_rows - pf_done) / (chunks - c);
+      table[nr - 1][mr - 1](w + n * K, x + m * K, K, N, y + m * N + n, bias ? bias + n : nullptr,
+                            w + (n + NR + pf_done) * K, static_cast<int>(npf));
+      m += mr;
+      pf_done += npf;
+    }
+  }
+}
+
+void skinny_gemm(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N, int64_t K,
+                 int isa) {
+  const TileFn(*table)[6] = kScalar;
+  int mr_max = MR_SCALAR;
+  if (isa == kIsaAvx512) {
+    table = kAvx512;
+    mr_max = MR_AVX512;
+  } else if (isa == kIsaAvx2) {
+    table = kAvx2;
+    mr_max = MR_AVX2;
+  }
+  const int64_t tiles = (N + NR - 1) / NR;
+  // At least ~256K multiply-adds per thread (a few microseconds) before splitting; beyond that the OpenMP backend
+  // hands each thread an equal contiguous share of the tiles.
+  const int64_t per_tile = NR * K * std::max<int64_t>(M, 4);
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(per_tile, 1));
+  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
+    run_rows(table, mr_max, x, w, bias, y, M, N, K, t0 * NR, std::min(N, t1 * NR));
+  });
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------ Python module
+static PyObject* py_gemm(PyObject*, PyObject* args) {
+  unsigned long long x, w, b, y;
+  long long M, N, K;
+  int isa;
+  if (!PyArg_ParseTuple(args, "KKKKLLLi", &x, &w, &b, &y, &M, &N, &K, &isa)) return nullptr;
+  if (M < 1 || N < 1 || K < 1 || !x || !w || !y) {
+    PyErr_SetString(PyExc_ValueError, "skinny_gemm: bad shape or null pointer");
+    return nullptr;
+  }
+  if (isa < 0 || isa > best_isa()) isa = best_isa();
+  bool failed = false;
+  Py_BEGIN_ALLOW_THREADS
+  try {
+    skinny_gemm(reinterpret_cast<const float*>(x), reinterpret_cast<const float*>(w),
+                reinterpret_cast<const float*>(b), reinterpret_cast<float*>(y), M, N, K, isa);
+  } catch (...) {
+    failed = true;
+  }
+  Py_END_ALLOW_THREADS
+  if (failed) {
+    PyErr_SetString(PyExc_RuntimeError, "skinny_gemm failed");
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
+static PyObject* py_best_isa(PyObject*, PyObject*) { return PyLong_FromLong(best_isa()); }
+
+static PyMethodDef kMethods[] = {
+    {"gemm", py_gemm, METH_VARARGS, "gemm(x_ptr, w_ptr, bias_ptr_or_0, y_ptr, M, N, K, isa)"},
+    {"best_isa", py_best_isa, METH_NOARGS, "0 scalar, 1 AVX2+FMA, 2 AVX-512"},
+    {nullptr, nullptr, 0, nullptr}};
+
+#define HF_STR2(a) #a
+#define HF_STR(a) HF_STR2(a)
+#define HF_CONCAT2(a, b) a##b
+#define HF_CONCAT(a, b) HF_CONCAT2(a, b)
+static struct PyModuleDef kModule = {PyModuleDef_HEAD_INIT, HF_STR(TORCH_EXTENSION_NAME), nullptr, -1, kMethods};
+PyMODINIT_FUNC HF_CONCAT(PyInit_, TORCH_EXTENSION_NAME)(void) { return PyModule_Create(&kModule); }
+"""
+
+_CFLAGS = ["-O3", "-fopenmp", "-fno-math-errno"]  # ISA via per-function target attributes, not -march
+_LDFLAGS = ["-fopenmp"]  # resolves to the libgomp torch already loaded, so torch.set_num_threads applies
+_STALE_LOCK_S = 600  # torch waits forever on a build lock left by a killed build; older locks are removed
+
+_lock = threading.Lock()
+_module: ModuleType | None = None
+_tried = False
+_best_isa = ISA_SCALAR  # best code path of this CPU, set by load_kernel
+compile_seconds: float | None = None  # wall time of this process's build-or-load, for reports
+_F32, _STRIDED = torch.float32, torch.strided
+
+
+def kernels_disabled() -> bool:
+    """`HF_SPEC_NO_CPP_KERNELS` set to anything but empty/0/false/no (read on every call, so it can be flipped)."""
+    flag = os.environ.get("HF_SPEC_NO_CPP_KERNELS")
+    return bool(flag) and flag.strip().lower() not in ("", "0", "false", "no")
+
+
+def kernel_name() -> str:
+    """Module name, unique per source and flags, so an edited kernel builds into a fresh directory."""
+    digest = hashlib.sha1("\0".join([CPP_SOURCE, *_CFLAGS, *_LDFLAGS]).encode()).hexdigest()[:12]
+    return f"hf_spec_skinny_gemm_{digest}"
+
+
+def build_directory() -> Path:
+    """`$HF_SPEC_KERNEL_CACHE`, else `$XDG_CACHE_HOME/hf-spec/torch_extensions` (default `~/.cache/...`), per
+    Python and torch version."""
+    root = os.environ.get("HF_SPEC_KERNEL_CACHE")
+    if not root:
+        root = (
+            Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hf-spec" / "torch_extensions"
+        )
+    tag = f"py{sys.version_info.major}{sys.version_info.minor}_torch{torch.__version__.split('+')[0]}"
+    return Path(root) / tag / kernel_name()
+
+
+def _compile() -> ModuleType:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        raise RuntimeError(f"the kernel is for x86-64 CPUs, this one is {platform.machine()}")
+    from torch.utils.cpp_extension import is_ninja_available, load_inline
+
+    cxx = os.environ.get("CXX") or "c++"  # what torch's builder runs
+    if shutil.which(cxx) is None:
+        raise RuntimeError(f"no C++ compiler ({cxx!r} not found; set CXX or install g++)")
+    if not is_ninja_available():
+        # the `ninja` wheel installs into this environment's scripts folder, which is not on PATH when the
+        # environment's python runs without being activated
+        scripts = sysconfig.get_path("scripts")
+        if scripts and shutil.which("ninja", path=scripts):
+            os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
+    if not is_ninja_available():
+        raise RuntimeError("ninja not found (pip install ninja)")
+    build_dir = build_directory()
+    build_dir.mkdir(parents=True, exist_ok=True)
+    lock = build_dir / "lock"
+    with contextlib.suppress(OSError):
+        if time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
+            lock.unlink()
+    return load_inline(
+        name=kernel_name(),
+        cpp_sources=[CPP_SOURCE],
+        extra_cflags=_CFLAGS,
+        extra_ldflags=_LDFLAGS,
+        build_directory=str(build_dir),
+        no_implicit_headers=True,  # no <torch/extension.h>: builds in seconds instead of a minute
+        verbose=False,
+    )
+
+
+def load_kernel() -> ModuleType | None:
+    """The compiled module (built or loaded on the first call in a process), or None when it is disabled
+    (`HF_SPEC_NO_CPP_KERNELS=1`) or cannot be built (then one warning is logged and callers use `F.linear`)."""
+    global _module, _tried, _best_isa, compile_seconds
+    if kernels_disabled():
+        return None
+    if _tried:
+        return _module
+    with _lock:
+        if not _tried:
+            t0 = time.perf_counter()
+            try:
+                _module = _compile()
+                _best_isa = _module.best_isa()
+            except Exception as e:  # no compiler, no ninja, not x86, bad flags: all mean "use F.linear"
+                lines = str(e).strip().splitlines()
+                logger.warning(
+                    "hf-spec: C++ skinny-GEMM kernel unavailable, verification uses F.linear (%s: %s)",
+                    type(e).__name__,
+                    lines[-1][:300] if lines else "",
+                )
+                _module = None
+            compile_seconds = time.perf_counter() - t0
+            _tried = True
+    return _module
+
+
+def _reset_for_tests() -> None:
+    """Forget the load attempt, so the next `load_kernel` tries again."""
+    global _module, _tried
+    with _lock:
+        _module, _tried = None, False
+
+
+def kernel_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, isa: int = ISA_AUTO
+) -> torch.Tensor | None:
+    """`F.linear(x, weight, bias)` by the kernel, or None where the kernel does not apply: not fp32 / CPU /
+    contiguous, rows of x outside 2..32, autograd needed, kernel disabled or not buildable."""
+    if x.dim() == 0 or x.dtype is not _F32 or weight.dtype is not _F32 or not x.is_cpu or not weight.is_cpu:
+        return None
+    if x.layout is not _STRIDED or weight.layout is not _STRIDED:
+        return None
+    k = x.shape[-1]
+    rows = x.numel() // k if k else 0
+    if not MIN_ROWS <= rows <= MAX_ROWS or weight.dim() != 2 or weight.shape[1] != k:
+        return None
+    n = weight.shape[0]
+    if not n or not x.is_contiguous() or not weight.is_contiguous():
+        return None
+    if bias is not None and (
+        bias.dtype is not _F32 or not bias.is_cpu or not bias.is_contiguous() or bias.shape != (n,)
+    ):
+        return None
+    if torch.is_grad_enabled() and (
+        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    ):
+        return None
+    mod = load_kernel()
+    if mod is None or (isa == ISA_AUTO and _best_isa < ISA_AVX2):
+        return None  # the plain C++ path is for tests: on a CPU without AVX2, MKL's F.linear is faster
+    y = torch.empty(*x.shape[:-1], n, dtype=_F32)
+    mod.gemm(
+        x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), y.data_ptr(), rows, n, k, isa
+    )
+    return y
+
+
+def skinny_gemm(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, isa: int = ISA_AUTO
+) -> torch.Tensor:
+    """`F.linear(x, weight, bias)`: by the C++ kernel for fp32 CPU contiguous x with 2..32 rows (any leading shape),
+    else by `F.linear`. `isa` forces a code path (ISA_SCALAR / ISA_AVX2 / ISA_AVX512, capped at what the CPU has)."""
+    y = kernel_linear(x, weight, bias, isa)
+    return F.linear(x, weight, bias) if y is None else y
+
+
+def reference_skinny_gemm(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The torch reference twin of `skinny_gemm`."""
+    return F.linear(x, weight, bias)

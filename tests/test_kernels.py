@@ -1,0 +1,185 @@
+"""CPU kernels against their torch reference twins, their fallbacks, and the `fast_linears` switch."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hf_spec.kernels import cpu_skinny_gemm as csg
+from hf_spec.kernels.skinny_linear import fast_linears, skinny_linear
+from tests.conftest import make_tiny_model, prompt_ids
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    """The compiled module; the tests that need it skip where it cannot be built here."""
+    mod = csg.load_kernel()
+    if mod is None:
+        pytest.skip(
+            "C++ skinny-GEMM kernel could not be built here (no C++ compiler / ninja, not x86-64, or "
+            "HF_SPEC_NO_CPP_KERNELS set); the F.linear fallback is tested separately"
+        )
+    return mod
+
+
+def _close(y: torch.Tensor, ref: torch.Tensor) -> None:
+    # fp32 sums of K products in another order: error grows with the size of the terms, not of the result
+    torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4 * max(1.0, ref.abs().max().item()))
+
+
+def _case(m: int, k: int, n: int, bias: bool, seed: int = 0):
+    g = torch.Generator().manual_seed(seed * 1000 + m * 100 + n + k)
+    x = torch.randn(m, k, generator=g)
+    w = torch.randn(n, k, generator=g) / k**0.5
+    b = torch.randn(n, generator=g) if bias else None
+    return x, w, b
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("n", [1, 7, 128, 4864])
+@pytest.mark.parametrize("k", [64, 896, 1000])
+def test_kernel_matches_reference(kernel, k, n, bias):
+    for m in (2, 3, 5, 8, 9, 16, 17, 32):
+        x, w, b = _case(m, k, n, bias)
+        y = csg.kernel_linear(x, w, b)
+        assert y is not None, "the kernel should take fp32 contiguous CPU inputs with 2..32 rows"
+        assert y.shape == (m, n) and y.dtype == torch.float32
+        _close(y, csg.reference_skinny_gemm(x, w, b))
+        _close(csg.skinny_gemm(x, w, b), F.linear(x, w, b))
+
+
+@pytest.mark.parametrize("isa", [csg.ISA_SCALAR, csg.ISA_AVX2, csg.ISA_AVX512])
+@pytest.mark.parametrize("k", [16, 20, 1003])  # K % 16 in {0, 4, 11}, K % 8 in {0, 4, 3}: every masked tail
+def test_every_code_path_matches_reference(kernel, isa, k):
+    """Paths the CPU lacks are capped to the best it has, so this passes (less thoroughly) on older CPUs."""
+    for m in (2, 3, 6, 7, 13, 32):
+        for n in (1, 5, 9, 130):
+            x, w, b = _case(m, k, n, bias=n % 2 == 1, seed=isa + 2)
+            _close(csg.skinny_gemm(x, w, b, isa=isa), F.linear(x, w, b))
+
+
+def test_cpu_without_avx2_keeps_f_linear(kernel, monkeypatch):
+    x, w, b = _case(9, 100, 7, bias=True)
+    monkeypatch.setattr(csg, "_best_isa", csg.ISA_SCALAR)
+    assert csg.kernel_linear(x, w, b) is None  # MKL beats the plain C++ loop
+    _close(csg.kernel_linear(x, w, b, isa=csg.ISA_SCALAR), F.linear(x, w, b))
+
+
+def test_leading_dims_threads_and_views(kernel):
+    x, w, b = _case(9, 896, 4864, bias=True)
+    ref = F.linear(x, w, b)
+    y = csg.kernel_linear(x.view(1, 9, 896), w, b)
+    assert y is not None and y.shape == (1, 9, 4864)
+    _close(y[0], ref)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        _close(csg.skinny_gemm(x, w, b), ref)
+    finally:
+        torch.set_num_threads(threads)
+    # contiguous views with a storage offset are fine
+    big = torch.randn(20, 896)
+    _close(csg.skinny_gemm(big[3:12], w, b), F.linear(big[3:12], w, b))
+
+
+def _fallback_cases():
+    x, w, b = _case(9, 96, 40, bias=True)
+    return {
+        "x transposed view": (torch.randn(96, 9).t(), w, b),
+        "x strided rows": (torch.randn(9, 192)[:, ::2], w, b),
+        "weight transposed view": (x, torch.randn(96, 40).t(), b),
+        "bias strided": (x, w, torch.randn(80)[::2]),
+        "float64": (x.double(), w.double(), b.double()),
+        "bfloat16": (x.bfloat16(), w.bfloat16(), b.bfloat16()),
+        "one row": (x[:1], w, b),
+        "33 rows": (torch.randn(33, 96), w, b),
+        "no rows": (torch.randn(0, 96), w, b),
+        "3-d, 40 rows": (torch.randn(2, 20, 96), w, b),
+    }
+
+
+@pytest.mark.parametrize("name", list(_fallback_cases()))
+def test_unsupported_inputs_fall_back_to_f_linear(name):
+    x, w, b = _fallback_cases()[name]
+    assert csg.kernel_linear(x, w, b) is None
+    ref = F.linear(x, w, b)
+    torch.testing.assert_close(csg.skinny_gemm(x, w, b), ref)
+    torch.testing.assert_close(
+        skinny_linear(x, w, b),
+        ref,
+        rtol=1e-2 if x.dtype == torch.bfloat16 else 1e-4,
+        atol=1e-2 if x.dtype == torch.bfloat16 else 1e-4,
+    )
+
+
+def test_autograd_falls_back():
+    x, w, b = _case(5, 64, 7, bias=True)
+    w.requires_grad_(True)
+    assert csg.kernel_linear(x, w, b) is None
+    csg.skinny_gemm(x, w, b).sum().backward()
+    torch.testing.assert_close(w.grad, x.sum(0).expand(7, 64))
+
+
+def test_env_var_disables_kernel(monkeypatch):
+    x, w, b = _case(9, 896, 128, bias=True)
+    monkeypatch.setenv("HF_SPEC_NO_CPP_KERNELS", "1")
+    assert csg.kernels_disabled() and csg.load_kernel() is None
+    assert csg.kernel_linear(x, w, b) is None
+    _close(csg.skinny_gemm(x, w, b), F.linear(x, w, b))
+    _close(skinny_linear(x, w, b), F.linear(x, w, b))  # the (W @ x.T).T fallback
+    monkeypatch.setenv("HF_SPEC_NO_CPP_KERNELS", "0")
+    assert not csg.kernels_disabled()
+
+
+def test_build_failure_warns_once_and_falls_back(monkeypatch, caplog):
+    def broken():
+        raise RuntimeError("Ninja is required to load C++ extensions")
+
+    monkeypatch.delenv("HF_SPEC_NO_CPP_KERNELS", raising=False)
+    monkeypatch.setattr(csg, "_compile", broken)
+    csg._reset_for_tests()
+    try:
+        x, w, b = _case(9, 64, 7, bias=True)
+        with caplog.at_level(logging.WARNING, logger=csg.__name__):
+            assert csg.load_kernel() is None
+            _close(csg.skinny_gemm(x, w, b), F.linear(x, w, b))
+            _close(skinny_linear(x, w, b), F.linear(x, w, b))
+        warnings = [r for r in caplog.records if "kernel unavailable" in r.getMessage()]
+        assert len(warnings) == 1 and "Ninja" in warnings[0].getMessage()
+    finally:
+        csg._reset_for_tests()  # the next load_kernel builds (or loads from cache) for real
+
+
+def test_skinny_linear_uses_kernel_between_2_and_32_rows(kernel, monkeypatch):
+    calls = []
+    real = csg.kernel_linear
+    monkeypatch.setattr(csg, "kernel_linear", lambda *a: calls.append(a[0].shape) or real(*a))
+    w = torch.randn(40, 96)
+    for rows in (1, 2, 9, 32, 33):
+        x = torch.randn(1, rows, 96)
+        _close(skinny_linear(x, w), F.linear(x, w))
+    assert calls == [(1, 2, 96), (1, 9, 96), (1, 32, 96)]
+
+
+def test_fast_linears_matches_and_restores_forwards():
+    model = make_tiny_model("qwen2")
+    linears = [m for m in model.modules() if type(m) is nn.Linear]
+    assert linears
+    ids = prompt_ids(length=9)
+    with torch.no_grad():
+        ref = model(ids).logits
+        with fast_linears(model):
+            assert all("forward" in m.__dict__ for m in linears)
+            fast = model(ids).logits
+        assert not any("forward" in m.__dict__ for m in linears)
+        _close(fast, ref)
+        with pytest.raises(RuntimeError, match="boom"), fast_linears(model):
+            raise RuntimeError("boom")
+        assert not any("forward" in m.__dict__ for m in linears)
+        with fast_linears(model, enabled=False):
+            assert not any("forward" in m.__dict__ for m in linears)
+        torch.testing.assert_close(model(ids).logits, ref)
