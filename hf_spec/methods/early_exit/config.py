@@ -11,8 +11,11 @@ class EarlyExitConfig(MethodConfig):
     (LayerSkip, Elhoushi et al. 2024, without its training recipe). The draft writes into the target's own
     KV cache of those layers, which already holds the committed tokens, and is rolled back afterwards.
 
+    Without trained exit heads an early layer can be a poor drafter: on Qwen2.5-Coder-0.5B the final norm + LM
+    head applied after layer 8/12/16/20/23 of 24 agree with the next token 0/0/3/63/93% of the time.
+
     Args:
-        exit_layer: number of target layers used for drafting.
+        exit_layer: number of target layers used for drafting; 0 = three quarters of the model's depth.
         num_draft_tokens: chain length.
         siblings: extra top-k alternatives per depth added as leaves.
         min_confidence: stop the chain when the drafted token's probability falls below this (0 = never).
@@ -21,7 +24,7 @@ class EarlyExitConfig(MethodConfig):
     method = "early-exit"
     main_arg = "exit_layer"
 
-    exit_layer: int = field(default=6, metadata={"help": "layers used for drafting"})
-    num_draft_tokens: int = field(default=4, metadata={"help": "chain length"})
+    exit_layer: int = field(default=0, metadata={"help": "layers used for drafting (0: 3/4 of the depth)"})
+    num_draft_tokens: int = field(default=3, metadata={"help": "chain length"})
     siblings: int = field(default=0, metadata={"help": "extra top-k leaves per depth"})
     min_confidence: float = field(default=0.0, metadata={"help": "stop drafting below this probability"})

@@ -18,7 +18,8 @@ class EarlyExitDrafter(Drafter):
     def __init__(self, config: EarlyExitConfig, model, tokenizer=None) -> None:
         super().__init__(config, model, tokenizer)
         self.parts = decoder_parts(model)
-        if not 0 < config.exit_layer < self.parts.num_layers:
+        self.exit_layer = config.exit_layer or max(1, round(0.75 * self.parts.num_layers))
+        if not 0 < self.exit_layer < self.parts.num_layers:
             raise ValueError(f"exit_layer must be in [1, {self.parts.num_layers - 1}], got {config.exit_layer}")
 
     @torch.no_grad()
@@ -34,7 +35,7 @@ class EarlyExitDrafter(Drafter):
         try:
             for step in range(depth):
                 position_ids = torch.tensor([[past + step]], device=token.device)
-                hidden = run_layers(parts, parts.embed_tokens(token), position_ids, state.cache, 0, cfg.exit_layer)
+                hidden = run_layers(parts, parts.embed_tokens(token), position_ids, state.cache, 0, self.exit_layer)
                 logits = parts.lm_head(parts.norm(hidden))[0, -1].float()
                 top = torch.topk(logits, cfg.siblings + 1)
                 chain.append(int(top.indices[0]))
@@ -45,5 +46,5 @@ class EarlyExitDrafter(Drafter):
                         break
                 token = top.indices[:1].view(1, 1)
         finally:
-            crop_cache(state.cache, past, range(cfg.exit_layer))
+            crop_cache(state.cache, past, range(self.exit_layer))
         return chain_with_siblings(chain, siblings if cfg.siblings else None)
