@@ -160,13 +160,11 @@ def speculative_generate(
             t1 = time.perf_counter()
 
             past = state.seq_len - 1
-            root = input_ids[:, -1:]
-            if len(tree) == 0 or tree.is_chain:
-                verify_ids = torch.cat([root, tree.tokens.view(1, -1).to(device)], dim=1)
+            verify_ids = torch.cat([input_ids[:, -1:], tree.tokens.view(1, -1).to(device)], dim=1)  # [root] + tree
+            if tree.is_chain:  # plain causal attention (an empty tree is a chain)
                 position_ids = torch.arange(past, past + verify_ids.shape[1], device=device).unsqueeze(0)
-                mask = None  # plain causal attention over the chain
+                mask = None
             else:
-                verify_ids = torch.cat([root, tree.tokens.view(1, -1).to(device)], dim=1)
                 position_ids = tree_position_ids(tree, past, device)
                 mask = tree_attention_mask(tree, past, model.dtype, device)
             with fast_linears(model, enabled=len(tree) > 0):

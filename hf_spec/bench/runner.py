@@ -247,7 +247,7 @@ def summarize(runs: list[dict], method_names: list[str], check_lossless: bool) -
             "tokens_per_s": tps,
             "per_category": {c: speedup(sub) for c, sub in sorted(cats.items())},
             "per_group": {g: speedup(sub) for g, sub in sorted(groups.items())},
-            "draft_utilization": _mean([r["draft_utilization"] for r in rows if "draft_utilization" in r]) or None,
+            "draft_utilization": _mean(utils) if (utils := [r["draft_utilization"] for r in rows if "draft_utilization" in r]) else None,
             "prompts": len(rows),
         }
         if any("stats" in r for r in rows):

@@ -1,0 +1,47 @@
+"""Cost of one target forward of k new tokens after a 200-token cache, stock vs hf-spec's verification
+kernels (`fast_linears`). Usage: python benchmarks/verify_cost.py [--target NAME] [--threads N]"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from transformers import DynamicCache
+
+from hf_spec.kernels.skinny_linear import fast_linears
+from hf_spec.models import load_model
+from hf_spec.verify.cache import crop_cache
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--target", default="qwen2.5-coder-0.5b-instruct")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--past", type=int, default=200)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    model, _ = load_model(args.target)
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(input_ids=torch.randint(100, 10000, (1, args.past)), past_key_values=cache, use_cache=True)
+        print("| k | stock ms | hf-spec kernels ms |\n|---|---|---|")
+        for k in (1, 2, 3, 4, 6, 9, 13, 17, 25):
+            row = []
+            for fast in (False, True):
+                times = []
+                for _ in range(6):
+                    x = torch.randint(100, 10000, (1, k))
+                    start = time.perf_counter()
+                    with fast_linears(model, fast):
+                        pos = torch.arange(args.past, args.past + k)[None]
+                        model(input_ids=x, position_ids=pos, past_key_values=cache, use_cache=True)
+                    times.append(time.perf_counter() - start)
+                    crop_cache(cache, args.past)
+                row.append(statistics.median(times[1:]) * 1000)
+            print(f"| {k} | {row[0]:.1f} | {row[1]:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
