@@ -96,3 +96,9 @@ def test_ngram_matcher_against_brute_force(tokens, max_ngram, min_ngram, length,
     min_ngram = min(min_ngram, max_ngram)
     got = find_continuations(np.array(tokens), max_ngram, min_ngram, length, max_candidates)
     assert got == brute_continuations(tokens, max_ngram, min_ngram, length, max_candidates)
+
+
+def test_early_exit_default_layer_is_three_quarters_of_depth(tiny_llama):
+    drafter = SpeculativeDecoder("early-exit").drafter_for(tiny_llama)
+    assert drafter.exit_layer == 3  # 4 layers
+    assert SpeculativeDecoder("early-exit:1").drafter_for(tiny_llama).exit_layer == 1
