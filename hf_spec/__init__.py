@@ -2,7 +2,7 @@
 
 from hf_spec.config import MethodConfig
 from hf_spec.decoder import SpeculativeDecoder
-from hf_spec.generate import SpecDecodeOutput, SpecStats, last_stats, speculative_generate
+from hf_spec.generate import SpecDecodeOutput, SpecStats, speculative_generate
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
 from hf_spec.registry import get_method, list_methods, parse_method, register_method
 from hf_spec.tree.buffers import DraftTree
@@ -19,7 +19,6 @@ __all__ = [
     "SpecStats",
     "SpeculativeDecoder",
     "get_method",
-    "last_stats",
     "list_methods",
     "parse_method",
     "register_method",

@@ -33,7 +33,7 @@ class SpeculativeDecoder:
         self.tokenizer = tokenizer
         self.seed = seed
         self._drafters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self.last_stats: SpecStats | None = None
+        self.last_stats: SpecStats | None = None  # counters of the latest call
 
     def drafter_for(self, model: PreTrainedModel) -> Drafter:
         if self._drafter is not None:
@@ -72,9 +72,8 @@ class SpeculativeDecoder:
         generator = None
         if self.seed is not None:
             generator = torch.Generator(device=input_ids.device).manual_seed(self.seed)
-        from hf_spec.generate import last_stats
-
-        result = speculative_generate(
+        self.last_stats = SpecStats()
+        return speculative_generate(
             model,
             input_ids,
             logits_processor,
@@ -83,10 +82,9 @@ class SpeculativeDecoder:
             drafter=self.drafter_for(model),
             streamer=streamer,
             generator=generator,
+            stats=self.last_stats,
             **model_kwargs,
         )
-        self.last_stats = last_stats(model)
-        return result
 
     def __repr__(self) -> str:
         return f"SpeculativeDecoder({self.config!r})"

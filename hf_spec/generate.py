@@ -104,6 +104,7 @@ def speculative_generate(
     drafter: Drafter,
     streamer=None,
     generator: torch.Generator | None = None,
+    stats: SpecStats | None = None,
     **model_kwargs,
 ) -> torch.Tensor | SpecDecodeOutput:
     """Speculative decoding of one sequence.
@@ -113,6 +114,7 @@ def speculative_generate(
         logits_processor / stopping_criteria / generation_config: as prepared by `model.generate`.
         drafter: proposes the trees.
         streamer: receives the committed tokens in order, once each (the prompt is put by `generate`).
+        stats: filled with this generation's counters (a fresh `SpecStats` is used when omitted).
 
     Returns:
         `torch.LongTensor` of shape `(1, total_length)`, or `SpecDecodeOutput` with
@@ -122,7 +124,7 @@ def speculative_generate(
     cache = model_kwargs.get("past_key_values")
     if cache is None:
         raise ValueError("hf-spec needs a KV cache from `generate` (use_cache=True)")
-    stats = SpecStats()
+    stats = stats if stats is not None else SpecStats()
     want_hidden = drafter.requires_hidden_states
     do_sample = bool(generation_config.do_sample)
     out_scores = generation_config.return_dict_in_generate and generation_config.output_scores
@@ -220,7 +222,6 @@ def speculative_generate(
         if streamer is not None:
             streamer.end()
 
-    _last_stats[id(model)] = stats
     if generation_config.return_dict_in_generate:
         return SpecDecodeOutput(
             sequences=input_ids,
@@ -230,14 +231,6 @@ def speculative_generate(
             spec_stats=stats.to_dict(),
         )
     return input_ids
-
-
-_last_stats: dict[int, SpecStats] = {}
-
-
-def last_stats(model: PreTrainedModel) -> SpecStats | None:
-    """Stats of the latest hf-spec generation with `model` (also returned with `return_dict_in_generate`)."""
-    return _last_stats.get(id(model))
 
 
 def _scorer(logits: torch.Tensor, input_ids: torch.Tensor, tree: DraftTree, processors: LogitsProcessorList):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -32,7 +32,6 @@ class SpecState:
     input_ids: torch.Tensor  # [1, seq_len]
     generation_config: GenerationConfig
     hidden_states: torch.Tensor | None = None  # [1, num_positions, hidden_size]
-    extras: dict = field(default_factory=dict)
 
     @property
     def do_sample(self) -> bool:
