@@ -12,6 +12,21 @@ from typing import Any, ClassVar
 CONFIG_NAME = "hf_spec_config.json"
 
 
+def read_config(path: str | os.PathLike) -> dict[str, Any]:
+    """The JSON object of a saved config: a folder holding `hf_spec_config.json`, or a `.json` file."""
+    path = Path(path)
+    file = path / CONFIG_NAME if path.is_dir() else path
+    try:
+        data = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no hf-spec config at {file}") from None
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"cannot read an hf-spec config from {file}: not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{file} must hold a JSON object")
+    return data
+
+
 @dataclass
 class MethodConfig:
     """Base config. Subclasses set `method` (the registry name) and, optionally, `main_arg`: the field that
@@ -44,17 +59,7 @@ class MethodConfig:
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> MethodConfig:
         """Load from a folder holding `hf_spec_config.json` or from a `.json` file."""
-        path = Path(path)
-        file = path / CONFIG_NAME if path.is_dir() else path
-        try:
-            data = json.loads(file.read_text())
-        except FileNotFoundError:
-            raise FileNotFoundError(f"no hf-spec config at {file}") from None
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{file} is not valid JSON: {err}") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"{file} must hold a JSON object")
-        return cls.from_dict(data)
+        return cls.from_dict(read_config(path))
 
     @classmethod
     def from_cli_arg(cls, arg: str | None) -> MethodConfig:

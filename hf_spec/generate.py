@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from transformers import LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
@@ -43,7 +43,6 @@ class SpecStats:
     time_verify: float = 0.0
     time_other: float = 0.0
     time_prefill: float = 0.0
-    accept_lengths: list[int] = field(default_factory=list)
 
     @property
     def tau(self) -> float:
@@ -182,9 +181,10 @@ def speculative_generate(
             t2 = time.perf_counter()
 
             score_row = _scorer(logits, input_ids, tree, logits_processor)
-            acc: Acceptance = (accept_sampling if do_sample else accept_greedy)(
-                tree, score_row, **({"generator": generator} if do_sample else {})
-            )
+            if do_sample:
+                acc: Acceptance = accept_sampling(tree, score_row, generator)
+            else:
+                acc = accept_greedy(tree, score_row)
             tokens = tree.tokens.tolist()
             proposed = [tokens[i] for i in acc.accepted] + [acc.bonus]
             new_tokens: list[int] = []
@@ -208,7 +208,6 @@ def speculative_generate(
             stats.new_tokens += len(new_tokens)
             stats.draft_tokens += len(tree)
             stats.accepted_tokens += len(acc.accepted)
-            stats.accept_lengths.append(len(new_tokens))
             if not finished:
                 hidden = out.hidden_states[-1][:, keep] if want_hidden else None
                 state.hidden_states = hidden

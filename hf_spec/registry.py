@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
 
-from hf_spec.config import CONFIG_NAME, MethodConfig
+from hf_spec.config import MethodConfig, read_config
 
 
 @dataclass(frozen=True)
@@ -48,13 +47,8 @@ def parse_method(spec: str | MethodConfig) -> MethodConfig:
     if isinstance(spec, MethodConfig):
         return spec
     if spec.endswith(".json") or os.path.isdir(spec):  # a saved config: its "method" key says which
-        path = os.path.join(spec, CONFIG_NAME) if os.path.isdir(spec) else spec
-        try:
-            with open(path) as f:
-                name = json.load(f).get("method", "")
-        except (OSError, json.JSONDecodeError, AttributeError) as err:
-            raise ValueError(f"cannot read an hf-spec config from {spec}: {err}") from None
-        return get_method(name).config_cls.from_pretrained(spec)
+        data = read_config(spec)
+        return get_method(data.get("method", "")).config_cls.from_dict(data)
     name, _, arg = spec.partition(":")
     return get_method(name).config_cls.from_cli_arg(arg or None)
 

@@ -94,7 +94,7 @@ def brute_continuations(tokens, max_ngram, min_ngram, length, max_candidates):
 @settings(max_examples=300, deadline=None)
 def test_ngram_matcher_against_brute_force(tokens, max_ngram, min_ngram, length, max_candidates):
     min_ngram = min(min_ngram, max_ngram)
-    got = find_continuations(np.array(tokens), max_ngram, min_ngram, length, max_candidates)
+    got, _ = find_continuations(np.array(tokens), max_ngram, min_ngram, length, max_candidates)
     assert got == brute_continuations(tokens, max_ngram, min_ngram, length, max_candidates)
 
 

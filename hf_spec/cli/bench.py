@@ -6,7 +6,7 @@ import argparse
 import shlex
 import sys
 
-from hf_spec.cli.common import load_target, set_threads
+from hf_spec.cli.common import set_threads
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -29,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from hf_spec.bench.runner import load_prompts, markdown_table, run_bench, write_outputs
+    from hf_spec.models import load_model
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if args.check_lossless and "ar" not in methods:
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         methods.insert(0, "ar")
     set_threads(args.threads)
     prompts = load_prompts(args.prompts, args.limit, args.per_category)
-    model, tokenizer = load_target(args.target)
+    model, tokenizer = load_model(args.target)
     results = run_bench(
         model,
         tokenizer,

@@ -12,8 +12,3 @@ def set_threads(threads: int | None) -> int:
     torch.set_num_threads(n)
     return n
 
-
-def load_target(name_or_path: str):
-    from hf_spec.models import load_model
-
-    return load_model(name_or_path)

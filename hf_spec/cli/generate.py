@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from hf_spec.cli.common import load_target, set_threads
+from hf_spec.cli.common import set_threads
 
 DEFAULT_PROMPT = """Add type hints and a docstring to this function, and keep everything else unchanged:
 
@@ -46,9 +46,10 @@ def run(args: argparse.Namespace) -> int:
 
     from hf_spec import SpeculativeDecoder
     from hf_spec.bench.runner import encode_chat
+    from hf_spec.models import load_model
 
     threads = set_threads(args.threads)
-    model, tokenizer = load_target(args.target)
+    model, tokenizer = load_model(args.target)
     input_ids = encode_chat(tokenizer, [{"role": "user", "content": args.prompt}])
     kwargs = dict(max_new_tokens=args.max_new_tokens, attention_mask=torch.ones_like(input_ids))
     kwargs.update(do_sample=True, temperature=args.temperature, top_p=args.top_p) if args.sample else kwargs.update(

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from hf_spec.methods.base import Drafter, SpecState
 from hf_spec.methods.pld.config import PLDConfig
-from hf_spec.methods.pld.ngram_matcher import find_continuations_with_ngram
+from hf_spec.methods.pld.ngram_matcher import find_continuations
 from hf_spec.tree.buffers import DraftTree
 
 
@@ -17,7 +17,7 @@ class PLDDrafter(Drafter):
         if depth <= 0:
             return DraftTree.empty()
         tokens = state.input_ids[0].cpu().numpy()
-        conts, ngram = find_continuations_with_ngram(tokens, cfg.max_ngram, cfg.min_ngram, depth, cfg.max_candidates)
+        conts, ngram = find_continuations(tokens, cfg.max_ngram, cfg.min_ngram, depth, cfg.max_candidates)
         if not conts:
             return DraftTree.empty()
         budget = cfg.max_nodes if ngram >= cfg.strong_ngram else cfg.weak_nodes

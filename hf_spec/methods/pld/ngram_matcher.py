@@ -8,12 +8,6 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 def find_continuations(
     tokens: np.ndarray, max_ngram: int, min_ngram: int, length: int, max_candidates: int
-) -> list[list[int]]:
-    return find_continuations_with_ngram(tokens, max_ngram, min_ngram, length, max_candidates)[0]
-
-
-def find_continuations_with_ngram(
-    tokens: np.ndarray, max_ngram: int, min_ngram: int, length: int, max_candidates: int
 ) -> tuple[list[list[int]], int]:
     """Continuations that followed earlier occurrences of the context's last n-gram.
 
@@ -21,9 +15,9 @@ def find_continuations_with_ngram(
     cut to `length` tokens; at most `max_candidates` distinct ones are returned.
 
     Example: tokens = [5 6 7 5 6 8 5 6], max_ngram=2, min_ngram=2, length=3 ->
-        the suffix (5, 6) occurred at positions 3 and 0 -> [[8, 5, 6], [7, 5, 6]]
+        the suffix (5, 6) occurred at positions 3 and 0 -> ([[8, 5, 6], [7, 5, 6]], 2)
 
-    Also returns the longest n-gram that matched (0 if none).
+    Returns the continuations and the longest n-gram that matched (0 if none).
     """
     n_tokens = len(tokens)
     found: list[list[int]] = []
