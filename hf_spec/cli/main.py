@@ -4,21 +4,24 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import pkgutil
 import sys
 
-# sub-command name -> module (imported lazily so `hf-spec --help` stays fast)
-SUBCOMMANDS = {
-    "fetch": "hf_spec.cli.fetch",
-    "generate": "hf_spec.cli.generate",
-    "bench": "hf_spec.cli.bench",
-    "methods": "hf_spec.cli.methods",
-}
+# every module of this package but these defines one sub-command with `add_parser(subparsers)`
+_NOT_COMMANDS = {"main", "common"}
+
+
+def command_modules() -> list[str]:
+    import hf_spec.cli
+
+    names = [m.name for m in pkgutil.iter_modules(hf_spec.cli.__path__) if m.name not in _NOT_COMMANDS]
+    return [f"hf_spec.cli.{name}" for name in sorted(names)]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-spec", description="Lossless speculative decoding for transformers.")
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for module_name in SUBCOMMANDS.values():
+    for module_name in command_modules():
         importlib.import_module(module_name).add_parser(subparsers)
     return parser
 

@@ -1,6 +1,12 @@
-"""Built-in methods; importing this package registers them."""
+"""Built-in methods: every sub-package registers itself on import (`register_method` in its `__init__`)."""
 
-from hf_spec.methods import draft_model, early_exit, oracle, pld  # noqa: F401
+import importlib
+import pkgutil
+
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
+
+for _info in pkgutil.iter_modules(__path__):
+    if _info.ispkg:
+        importlib.import_module(f"{__name__}.{_info.name}")
 
 __all__ = ["Drafter", "RoundResult", "SpecState"]
