@@ -74,7 +74,9 @@ class SpecDecodeOutput(GenerateDecoderOnlyOutput):
     spec_stats: dict | None = None
 
 
-def check_supported(model: PreTrainedModel, input_ids: torch.Tensor, generation_config, model_kwargs: dict) -> None:
+def check_supported(
+    model: PreTrainedModel, input_ids: torch.Tensor, generation_config, model_kwargs: dict
+) -> None:
     """Raise a clear error for settings the speculative loop cannot honour."""
     if model.config.is_encoder_decoder:
         raise ValueError("hf-spec supports decoder-only models; encoder-decoder models are not supported")
@@ -161,7 +163,9 @@ def speculative_generate(
             t1 = time.perf_counter()
 
             past = state.seq_len - 1
-            verify_ids = torch.cat([input_ids[:, -1:], tree.tokens.view(1, -1).to(device)], dim=1)  # [root] + tree
+            verify_ids = torch.cat(
+                [input_ids[:, -1:], tree.tokens.view(1, -1).to(device)], dim=1
+            )  # [root] + tree
             if tree.is_chain:  # plain causal attention (an empty tree is a chain)
                 position_ids = torch.arange(past, past + verify_ids.shape[1], device=device).unsqueeze(0)
                 mask = None

@@ -47,7 +47,9 @@ class HfSpecCandidateGenerator(CandidateGenerator):
         self.state: SpecState | None = None
         self.chain = DraftTree.empty()
 
-    def get_candidates(self, input_ids: torch.LongTensor, **kwargs) -> tuple[torch.LongTensor, torch.Tensor | None]:
+    def get_candidates(
+        self, input_ids: torch.LongTensor, **kwargs
+    ) -> tuple[torch.LongTensor, torch.Tensor | None]:
         cache = kwargs["model_kwargs"].get("past_key_values")
         if self.state is None:
             self.state = SpecState(self.model, cache, input_ids, self.generation_config)

@@ -34,7 +34,9 @@ def get_method(name: str) -> MethodEntry:
     try:
         return _METHODS[name]
     except KeyError:
-        raise ValueError(f"unknown hf-spec method {name!r}; registered: {', '.join(sorted(_METHODS))}") from None
+        raise ValueError(
+            f"unknown hf-spec method {name!r}; registered: {', '.join(sorted(_METHODS))}"
+        ) from None
 
 
 def list_methods() -> list[str]:

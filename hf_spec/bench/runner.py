@@ -37,7 +37,9 @@ class Prompt:
     turns: list[str]
 
 
-def load_prompts(path: str | os.PathLike, limit: int | None = None, per_category: int | None = None) -> list[Prompt]:
+def load_prompts(
+    path: str | os.PathLike, limit: int | None = None, per_category: int | None = None
+) -> list[Prompt]:
     """Spec-Bench questions; `per_category` keeps the first K of each category (file order), then `limit`."""
     prompts = []
     with open(path) as f:
@@ -46,7 +48,9 @@ def load_prompts(path: str | os.PathLike, limit: int | None = None, per_category
                 continue
             try:
                 row = json.loads(line)
-                prompts.append(Prompt(str(row["question_id"]), row.get("category", "all"), list(row["turns"])))
+                prompts.append(
+                    Prompt(str(row["question_id"]), row.get("category", "all"), list(row["turns"]))
+                )
             except (json.JSONDecodeError, KeyError, TypeError) as err:
                 raise ValueError(f"{path}:{line_no}: not a Spec-Bench question ({err})") from None
     if not prompts:
@@ -247,13 +251,17 @@ def summarize(runs: list[dict], method_names: list[str], check_lossless: bool) -
             "tokens_per_s": tps,
             "per_category": {c: speedup(sub) for c, sub in sorted(cats.items())},
             "per_group": {g: speedup(sub) for g, sub in sorted(groups.items())},
-            "draft_utilization": _mean(utils) if (utils := [r["draft_utilization"] for r in rows if "draft_utilization" in r]) else None,
+            "draft_utilization": _mean(utils)
+            if (utils := [r["draft_utilization"] for r in rows if "draft_utilization" in r])
+            else None,
             "prompts": len(rows),
         }
         if any("stats" in r for r in rows):
             keys = ("time_prefill", "time_draft", "time_verify", "time_other", "target_forwards")
             entry["totals"] = {k: sum(r["stats"][k] for r in rows) for k in keys}
-            entry["overhead_ms_per_round"] = 1000 * entry["totals"]["time_other"] / max(entry["totals"]["target_forwards"], 1)
+            entry["overhead_ms_per_round"] = (
+                1000 * entry["totals"]["time_other"] / max(entry["totals"]["target_forwards"], 1)
+            )
         if check_lossless and name != "ar":
             bad = [r for r in rows if r.get("lossless") is False]
             entry["lossless_mismatches"] = len(bad)
@@ -277,20 +285,37 @@ def markdown_table(results: dict) -> str:
     summary = results["summary"]
     groups = sorted({g for e in summary.values() for g in e["per_group"]})
     lossless = any("lossless_mismatches" in e for e in summary.values())
-    head = ["method", "speedup", "tau", "tok/s", "draft util."] + groups + (["mismatches (near-tie)"] if lossless else [])
+    head = (
+        ["method", "speedup", "tau", "tok/s", "draft util."]
+        + groups
+        + (["mismatches (near-tie)"] if lossless else [])
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, e in summary.items():
         util = e.get("draft_utilization")
-        row = [f"`{name}`", f"{e['speedup_vs_ar']:.2f}x", f"{e['tau']:.2f}", f"{e['tokens_per_s']:.1f}",
-               f"{util:.2f}" if util else "-"]
+        row = [
+            f"`{name}`",
+            f"{e['speedup_vs_ar']:.2f}x",
+            f"{e['tau']:.2f}",
+            f"{e['tokens_per_s']:.1f}",
+            f"{util:.2f}" if util else "-",
+        ]
         row += [f"{e['per_group'].get(g, float('nan')):.2f}x" for g in groups]
         if lossless:
-            row.append(f"{e['lossless_mismatches']} ({e['near_tie_mismatches']})" if "lossless_mismatches" in e else "-")
+            row.append(
+                f"{e['lossless_mismatches']} ({e['near_tie_mismatches']})"
+                if "lossless_mismatches" in e
+                else "-"
+            )
         lines.append("| " + " | ".join(row) + " |")
     m = results["machine"]
-    lines += ["", f"Command: `{results.get('command', '')}`", "",
-              f"Machine: {m['cpu']}, {m['cores']} cores, {m['torch_threads']} torch threads; torch {m['torch']}, "
-              f"transformers {m['transformers']}; {m['date']}"]
+    lines += [
+        "",
+        f"Command: `{results.get('command', '')}`",
+        "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['torch_threads']} torch threads; torch {m['torch']}, "
+        f"transformers {m['transformers']}; {m['date']}",
+    ]
     return "\n".join(lines) + "\n"
 
 

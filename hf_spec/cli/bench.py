@@ -12,7 +12,9 @@ from hf_spec.cli.common import set_threads
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("bench", help="benchmark methods against plain generate (Spec-Bench style)")
     p.add_argument("--target", required=True, help="known model name, local folder or Hub id")
-    p.add_argument("--methods", required=True, help="comma list: ar, hf-pld, hf-early-exit:K, or hf-spec name[:arg]")
+    p.add_argument(
+        "--methods", required=True, help="comma list: ar, hf-pld, hf-early-exit:K, or hf-spec name[:arg]"
+    )
     p.add_argument("--prompts", required=True, help="Spec-Bench style .jsonl (question_id, category, turns)")
     p.add_argument("--limit", type=int, default=None, help="first N prompts")
     p.add_argument("--per-category", type=int, default=None, help="first K prompts of each category")
@@ -70,4 +72,3 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
     if args.check_lossless:
         out.append("--check-lossless")
     return out + ["--out", args.out]
-

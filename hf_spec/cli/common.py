@@ -11,4 +11,3 @@ def set_threads(threads: int | None) -> int:
     n = threads or os.cpu_count() or 1
     torch.set_num_threads(n)
     return n
-

@@ -17,7 +17,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "transformers folder in the cache; prints the folder path(s).",
     )
     parser.add_argument("name", choices=[*KNOWN_MODELS, "all"], help="model to fetch, or 'all'")
-    parser.add_argument("--cache-dir", default=None, help="cache root (default: $HF_SPEC_CACHE or ~/.cache/hf-spec)")
+    parser.add_argument(
+        "--cache-dir", default=None, help="cache root (default: $HF_SPEC_CACHE or ~/.cache/hf-spec)"
+    )
     parser.add_argument("--force", action="store_true", help="re-download and re-convert even if cached")
     parser.set_defaults(func=run)
     return parser

@@ -28,7 +28,9 @@ def moving_average(values, window):
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("generate", help="generate with a method and compare with plain generate")
-    p.add_argument("--target", default="qwen2.5-coder-0.5b-instruct", help="known model name, folder or Hub id")
+    p.add_argument(
+        "--target", default="qwen2.5-coder-0.5b-instruct", help="known model name, folder or Hub id"
+    )
     p.add_argument("--method", default="pld", help="hf-spec method spec, e.g. pld, early-exit:6, oracle:8")
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help="user message (chat template applied)")
     p.add_argument("--max-new-tokens", type=int, default=160)
@@ -52,26 +54,32 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer = load_model(args.target)
     input_ids = encode_chat(tokenizer, [{"role": "user", "content": args.prompt}])
     kwargs = dict(max_new_tokens=args.max_new_tokens, attention_mask=torch.ones_like(input_ids))
-    kwargs.update(do_sample=True, temperature=args.temperature, top_p=args.top_p) if args.sample else kwargs.update(
-        do_sample=False
-    )
+    kwargs.update(
+        do_sample=True, temperature=args.temperature, top_p=args.top_p
+    ) if args.sample else kwargs.update(do_sample=False)
     decoder = SpeculativeDecoder(args.method, tokenizer=tokenizer)
     model.generate(input_ids, max_new_tokens=4, do_sample=False, custom_generate=decoder)  # warm-up
     print(f"--- {args.target}, method {args.method}, {threads} threads ---")
     start = time.perf_counter()
-    out = model.generate(input_ids, custom_generate=decoder, streamer=TextStreamer(tokenizer, skip_prompt=True), **kwargs)
+    out = model.generate(
+        input_ids, custom_generate=decoder, streamer=TextStreamer(tokenizer, skip_prompt=True), **kwargs
+    )
     spec_s = time.perf_counter() - start
     stats = decoder.last_stats
     print("---")
     spec_tps = stats.new_tokens / spec_s
-    print(f"hf-spec {args.method}: {stats.new_tokens} tokens in {spec_s:.2f} s = {spec_tps:.1f} tokens/s; "
-          f"mean accepted tokens per target forward (tau) = {stats.tau:.2f}")
+    print(
+        f"hf-spec {args.method}: {stats.new_tokens} tokens in {spec_s:.2f} s = {spec_tps:.1f} tokens/s; "
+        f"mean accepted tokens per target forward (tau) = {stats.tau:.2f}"
+    )
     if not args.no_compare:
         start = time.perf_counter()
         ref = model.generate(input_ids, **kwargs)
         ar_s = time.perf_counter() - start
         ar_tps = (ref.shape[1] - input_ids.shape[1]) / ar_s
-        print(f"plain generate: {ref.shape[1] - input_ids.shape[1]} tokens in {ar_s:.2f} s = {ar_tps:.1f} tokens/s")
+        print(
+            f"plain generate: {ref.shape[1] - input_ids.shape[1]} tokens in {ar_s:.2f} s = {ar_tps:.1f} tokens/s"
+        )
         print(f"speedup: {spec_tps / ar_tps:.2f}x")
         if not args.sample:
             print(f"identical to plain greedy generate: {'yes' if torch.equal(out, ref) else 'NO'}")

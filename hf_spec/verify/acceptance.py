@@ -58,7 +58,9 @@ def accept_greedy(tree: DraftTree, score_row: ScoreFn) -> Acceptance:
         node = nxt
 
 
-def accept_sampling(tree: DraftTree, score_row: ScoreFn, generator: torch.Generator | None = None) -> Acceptance:
+def accept_sampling(
+    tree: DraftTree, score_row: ScoreFn, generator: torch.Generator | None = None
+) -> Acceptance:
     """Recursive rejection sampling over a tree (SpecInfer's multi-draft rule, exact for every proposal kind).
 
     At a node, with p the target distribution and children c_1..c_m in proposal order, each drawn from

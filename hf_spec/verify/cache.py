@@ -51,4 +51,6 @@ def compact_cache(cache: Cache, past_length: int, keep: list[int], layers: range
             continue
         idx = index.to(layer.keys.device)
         layer.keys = torch.cat([layer.keys[..., :past_length, :], layer.keys.index_select(-2, idx)], dim=-2)
-        layer.values = torch.cat([layer.values[..., :past_length, :], layer.values.index_select(-2, idx)], dim=-2)
+        layer.values = torch.cat(
+            [layer.values[..., :past_length, :], layer.values.index_select(-2, idx)], dim=-2
+        )

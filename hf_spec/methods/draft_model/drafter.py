@@ -15,7 +15,9 @@ class DraftModelDrafter(Drafter):
 
     config: DraftModelConfig
 
-    def __init__(self, config: DraftModelConfig, model, tokenizer=None, draft_model: PreTrainedModel | None = None):
+    def __init__(
+        self, config: DraftModelConfig, model, tokenizer=None, draft_model: PreTrainedModel | None = None
+    ):
         super().__init__(config, model, tokenizer)
         if draft_model is None:
             if not config.model:
@@ -43,7 +45,11 @@ class DraftModelDrafter(Drafter):
     def _next_logits(self, ids: torch.Tensor, start: int) -> torch.Tensor:
         position_ids = torch.arange(start, start + ids.shape[1], device=ids.device).unsqueeze(0)
         out = self.draft(
-            input_ids=ids, position_ids=position_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1
+            input_ids=ids,
+            position_ids=position_ids,
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
         )
         return out.logits[0, -1].float()
 

@@ -20,14 +20,18 @@ class EarlyExitDrafter(Drafter):
         self.parts = decoder_parts(model)
         self.exit_layer = config.exit_layer or max(1, round(0.75 * self.parts.num_layers))
         if not 0 < self.exit_layer < self.parts.num_layers:
-            raise ValueError(f"exit_layer must be in [1, {self.parts.num_layers - 1}], got {config.exit_layer}")
+            raise ValueError(
+                f"exit_layer must be in [1, {self.parts.num_layers - 1}], got {config.exit_layer}"
+            )
 
     @torch.no_grad()
     def propose(self, state: SpecState, max_depth: int) -> DraftTree:
         cfg, parts = self.config, self.parts
         depth = min(cfg.num_draft_tokens, max_depth)
         past = state.seq_len - 1  # the root is not cached yet
-        if depth <= 0 or cache_length(state.cache) != past:  # e.g. transformers' first assisted step: empty cache
+        if (
+            depth <= 0 or cache_length(state.cache) != past
+        ):  # e.g. transformers' first assisted step: empty cache
             return DraftTree.empty()
         token = state.input_ids[:, -1:]
         chain: list[int] = []
@@ -35,7 +39,9 @@ class EarlyExitDrafter(Drafter):
         try:
             for step in range(depth):
                 position_ids = torch.tensor([[past + step]], device=token.device)
-                hidden = run_layers(parts, parts.embed_tokens(token), position_ids, state.cache, 0, self.exit_layer)
+                hidden = run_layers(
+                    parts, parts.embed_tokens(token), position_ids, state.cache, 0, self.exit_layer
+                )
                 logits = parts.lm_head(parts.norm(hidden))[0, -1].float()
                 top = torch.topk(logits, cfg.siblings + 1)
                 chain.append(int(top.indices[0]))
