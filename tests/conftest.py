@@ -33,11 +33,15 @@ def tiny_config(arch: str, vocab_size: int = 96, layers: int = 4):
     return LlamaConfig(**common) if arch == "llama" else Qwen2Config(**common)
 
 
-def make_tiny_model(arch: str, seed: int = 0, vocab_size: int = 96, layers: int = 4, temperature: float = 4.0):
+def make_tiny_model(
+    arch: str, seed: int = 0, vocab_size: int = 96, layers: int = 4, temperature: float = 4.0
+):
     """A random model whose logits are spread enough to make sampling tests informative but peaked enough that
     greedy paths repeat (so n-gram drafters get matches)."""
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(arch, vocab_size, layers), attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_config(
+        tiny_config(arch, vocab_size, layers), attn_implementation="sdpa"
+    )
     with torch.no_grad():
         model.lm_head.weight.mul_(temperature)
     return model.eval()

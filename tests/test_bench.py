@@ -22,7 +22,11 @@ def keep_threads():
 @pytest.fixture
 def prompt_file(tmp_path):
     rows = [
-        {"question_id": 1, "category": "writing", "turns": ["Once upon a time, there was a little girl", "Then"]},
+        {
+            "question_id": 1,
+            "category": "writing",
+            "turns": ["Once upon a time, there was a little girl", "Then"],
+        },
         {"question_id": 2, "category": "summarization", "turns": ["Tom had a big red ball. Tom had a big"]},
         {"question_id": 3, "category": "summarization", "turns": ["The cat sat on the mat. The dog"]},
     ]
@@ -34,15 +38,38 @@ def prompt_file(tmp_path):
 def test_bench_writes_spec_bench_results(prompt_file, tmp_path):
     out = tmp_path / "out"
     methods = "ar,hf-pld,hf-early-exit:3,pld,early-exit:3,oracle:4"
-    code = main(["bench", "--target", str(STORIES), "--methods", methods, "--prompts", str(prompt_file),
-                 "--max-new-tokens", "24", "--check-lossless", "--threads", "1", "--out", str(out)])
+    code = main(
+        [
+            "bench",
+            "--target",
+            str(STORIES),
+            "--methods",
+            methods,
+            "--prompts",
+            str(prompt_file),
+            "--max-new-tokens",
+            "24",
+            "--check-lossless",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     results = json.loads((out / "results.json").read_text())
     assert list(results["summary"]) == methods.split(",")
     ar = results["summary"]["ar"]
     assert ar["speedup_vs_ar"] == pytest.approx(1.0) and ar["tau"] == pytest.approx(1.0)
     for name, entry in results["summary"].items():
-        assert {"speedup_vs_ar", "tau", "tokens_per_s", "per_category", "per_group", "draft_utilization"} <= set(entry)
+        assert {
+            "speedup_vs_ar",
+            "tau",
+            "tokens_per_s",
+            "per_category",
+            "per_group",
+            "draft_utilization",
+        } <= set(entry)
         assert set(entry["per_category"]) == {"writing", "summarization"}
         if name != "ar":
             assert entry["lossless_mismatches"] == 0 and entry["near_tie_mismatches"] == 0
@@ -55,8 +82,25 @@ def test_bench_writes_spec_bench_results(prompt_file, tmp_path):
 
 
 def test_bench_all_turns_and_bad_prompt_file(prompt_file, tmp_path):
-    code = main(["bench", "--target", str(STORIES), "--methods", "ar,pld", "--prompts", str(prompt_file),
-                 "--limit", "1", "--turns", "all", "--max-new-tokens", "8", "--out", str(tmp_path / "o")])
+    code = main(
+        [
+            "bench",
+            "--target",
+            str(STORIES),
+            "--methods",
+            "ar,pld",
+            "--prompts",
+            str(prompt_file),
+            "--limit",
+            "1",
+            "--turns",
+            "all",
+            "--max-new-tokens",
+            "8",
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
     assert code == 0
     runs = json.loads((tmp_path / "o" / "results.json").read_text())["runs"]
     assert sorted((r["method"], r["turn"]) for r in runs) == [("ar", 0), ("ar", 1), ("pld", 0), ("pld", 1)]

@@ -29,7 +29,9 @@ def test_compaction_equals_prefilling_the_accepted_path(tiny_model, accepted):
         )
         compact_cache(cache, past, [0] + [i + 1 for i in accepted])
         ref = DynamicCache(config=tiny_model.config)
-        tiny_model(input_ids=torch.cat([prompt[0], tree.tokens[accepted]])[None], past_key_values=ref, use_cache=True)
+        tiny_model(
+            input_ids=torch.cat([prompt[0], tree.tokens[accepted]])[None], past_key_values=ref, use_cache=True
+        )
     assert cache.get_seq_length() == ref.get_seq_length()
     for got, want in zip(cache.layers, ref.layers, strict=True):
         torch.testing.assert_close(got.keys, want.keys, atol=1e-5, rtol=1e-5)

@@ -36,7 +36,9 @@ class Collect(BaseStreamer):
 def test_max_new_tokens_is_exact(tiny_llama):
     ids = prompt_ids(10, seed=2)
     for n in (1, 2, 7, 33):
-        out = tiny_llama.generate(ids, max_new_tokens=n, do_sample=False, custom_generate=SpeculativeDecoder("oracle:8"))
+        out = tiny_llama.generate(
+            ids, max_new_tokens=n, do_sample=False, custom_generate=SpeculativeDecoder("oracle:8")
+        )
         assert out.shape[1] == ids.shape[1] + n
 
 
@@ -62,7 +64,13 @@ def test_custom_stopping_criteria_and_stop_strings(stories):
 
     crit = StoppingCriteriaList([StopAfter()])
     ref = model.generate(ids, max_new_tokens=50, do_sample=False, stopping_criteria=crit)
-    out = model.generate(ids, max_new_tokens=50, do_sample=False, stopping_criteria=crit, custom_generate=SpeculativeDecoder("oracle:8"))
+    out = model.generate(
+        ids,
+        max_new_tokens=50,
+        do_sample=False,
+        stopping_criteria=crit,
+        custom_generate=SpeculativeDecoder("oracle:8"),
+    )
     assert torch.equal(out, ref) and out.shape[1] == ids.shape[1] + 9
     kw = dict(max_new_tokens=60, do_sample=False, stop_strings=["park"])
     ref = model.generate(ids, tokenizer=tok, **kw)
@@ -76,7 +84,9 @@ def test_custom_stopping_criteria_and_stop_strings(stories):
 def test_streamer_gets_every_token_once_in_order(tiny_llama):
     ids = prompt_ids(10, seed=5)
     st = Collect()
-    out = tiny_llama.generate(ids, max_new_tokens=25, do_sample=False, streamer=st, custom_generate=SpeculativeDecoder("oracle:6"))
+    out = tiny_llama.generate(
+        ids, max_new_tokens=25, do_sample=False, streamer=st, custom_generate=SpeculativeDecoder("oracle:6")
+    )
     assert st.tokens == out[0].tolist()  # the prompt (put by generate) then each new token once
     assert st.ended == 1
     assert st.calls < 25  # blocks, not one call per token
@@ -84,7 +94,13 @@ def test_streamer_gets_every_token_once_in_order(tiny_llama):
 
 def test_return_dict_has_sequences_scores_and_stats(tiny_llama):
     ids = prompt_ids(10, seed=6)
-    kw = dict(max_new_tokens=12, do_sample=False, return_dict_in_generate=True, output_scores=True, output_logits=True)
+    kw = dict(
+        max_new_tokens=12,
+        do_sample=False,
+        return_dict_in_generate=True,
+        output_scores=True,
+        output_logits=True,
+    )
     ref = tiny_llama.generate(ids, **kw)
     out = tiny_llama.generate(ids, custom_generate=SpeculativeDecoder("oracle:5"), **kw)
     assert torch.equal(out.sequences, ref.sequences)
@@ -105,7 +121,9 @@ def test_assistant_model_entry_point_both_loops(tiny_llama):
     for loop in ("hf-spec", "transformers"):
         with enable_assistant(tiny_llama, loop=loop):
             for spec in ("pld", "early-exit:2"):
-                out = tiny_llama.generate(ids, max_new_tokens=30, do_sample=False, assistant_model=SpeculativeDecoder(spec))
+                out = tiny_llama.generate(
+                    ids, max_new_tokens=30, do_sample=False, assistant_model=SpeculativeDecoder(spec)
+                )
                 assert torch.equal(out, ref), (loop, spec)
             out = tiny_llama.generate(ids, max_new_tokens=30, do_sample=False, assistant_model=PLDConfig())
             assert torch.equal(out, ref)
@@ -121,7 +139,14 @@ def test_custom_generate_folder_with_trust_remote_code(tiny_llama, tmp_path):
     ids = prompt_ids(12, seed=8)
     ref = tiny_llama.generate(ids, max_new_tokens=20, do_sample=False)
     st = Collect()
-    out = tiny_llama.generate(ids, max_new_tokens=20, do_sample=False, custom_generate=str(folder), trust_remote_code=True, streamer=st)
+    out = tiny_llama.generate(
+        ids,
+        max_new_tokens=20,
+        do_sample=False,
+        custom_generate=str(folder),
+        trust_remote_code=True,
+        streamer=st,
+    )
     assert torch.equal(out, ref)
     assert st.tokens == out[0].tolist()
 
@@ -130,7 +155,9 @@ def test_pipeline_passes_custom_generate_through(stories):
     model, tok = stories
     pipe = pipeline("text-generation", model=model, tokenizer=tok)
     ref = pipe("Once upon a time", max_new_tokens=30, do_sample=False)
-    out = pipe("Once upon a time", max_new_tokens=30, do_sample=False, custom_generate=SpeculativeDecoder("oracle:6"))
+    out = pipe(
+        "Once upon a time", max_new_tokens=30, do_sample=False, custom_generate=SpeculativeDecoder("oracle:6")
+    )
     assert out == ref
 
 
@@ -144,7 +171,9 @@ def test_pipeline_passes_custom_generate_through(stories):
 )
 def test_unsupported_settings_raise(tiny_llama, kwargs, message):
     with pytest.raises(ValueError, match=message):
-        tiny_llama.generate(prompt_ids(8), max_new_tokens=5, custom_generate=SpeculativeDecoder("pld"), **kwargs)
+        tiny_llama.generate(
+            prompt_ids(8), max_new_tokens=5, custom_generate=SpeculativeDecoder("pld"), **kwargs
+        )
 
 
 def test_batch_and_padding_raise(tiny_llama):
@@ -154,7 +183,9 @@ def test_batch_and_padding_raise(tiny_llama):
     mask = torch.ones(1, 8, dtype=torch.long)
     mask[0, 0] = 0
     with pytest.raises(ValueError, match="padded"):
-        tiny_llama.generate(prompt_ids(8), attention_mask=mask, max_new_tokens=5, custom_generate=SpeculativeDecoder("pld"))
+        tiny_llama.generate(
+            prompt_ids(8), attention_mask=mask, max_new_tokens=5, custom_generate=SpeculativeDecoder("pld")
+        )
 
 
 def test_draft_model_with_another_vocabulary_raises(tiny_llama):
@@ -167,7 +198,9 @@ def test_draft_model_with_another_vocabulary_raises(tiny_llama):
 
 def test_early_exit_layer_out_of_range(tiny_llama):
     with pytest.raises(ValueError, match="exit_layer must be in"):
-        tiny_llama.generate(prompt_ids(8), max_new_tokens=3, custom_generate=SpeculativeDecoder("early-exit:4"))
+        tiny_llama.generate(
+            prompt_ids(8), max_new_tokens=3, custom_generate=SpeculativeDecoder("early-exit:4")
+        )
 
 
 def test_registry_and_config_errors(tmp_path):

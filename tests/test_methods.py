@@ -21,7 +21,9 @@ METHOD_SPECS = ["pld", "pld:3", "early-exit:1", "early-exit:3", "oracle:6", "dra
 def decoder_for(spec: str, model) -> SpeculativeDecoder:
     if spec == "draft-model":
         draft = make_tiny_model("llama", seed=5, layers=2)
-        return SpeculativeDecoder(DraftModelDrafter(DraftModelConfig(num_draft_tokens=4, siblings=2), model, draft_model=draft))
+        return SpeculativeDecoder(
+            DraftModelDrafter(DraftModelConfig(num_draft_tokens=4, siblings=2), model, draft_model=draft)
+        )
     return SpeculativeDecoder(spec)
 
 
@@ -55,7 +57,9 @@ def test_real_stories_model_all_methods(stories):
     ref = model.generate(ids, max_new_tokens=64, do_sample=False)
     for spec in ["pld", "early-exit:2", "oracle:8"]:
         dec = SpeculativeDecoder(spec)
-        assert torch.equal(model.generate(ids, max_new_tokens=64, do_sample=False, custom_generate=dec), ref), spec
+        assert torch.equal(
+            model.generate(ids, max_new_tokens=64, do_sample=False, custom_generate=dec), ref
+        ), spec
     assert dec.last_stats.tau > 4  # the oracle accepts everything
 
 

@@ -41,12 +41,16 @@ def check_lossless(name: str, n_prompts: int) -> None:
             dec = SpeculativeDecoder(spec, tokenizer=tok)
             if spec.startswith("oracle"):
                 dec.drafter_for(model).set_reference(ids[0].tolist() + ref)
-            out = model.generate(ids, max_new_tokens=64, do_sample=False, custom_generate=dec)[0, ids.shape[1] :]
+            out = model.generate(ids, max_new_tokens=64, do_sample=False, custom_generate=dec)[
+                0, ids.shape[1] :
+            ]
             at = first_divergence(ref, out.tolist())
             if at is None:
                 continue
             gap = top2_gap(model, torch.tensor([ids[0].tolist() + ref[:at]]))
-            assert gap < NEAR_TIE, f"{spec} diverged from generate at token {at} (top-2 gap {gap:.2e}): {text[:60]!r}"
+            assert gap < NEAR_TIE, (
+                f"{spec} diverged from generate at token {at} (top-2 gap {gap:.2e}): {text[:60]!r}"
+            )
             near_ties += 1
     print(f"{name}: {near_ties} near-tie divergences")
 

@@ -92,8 +92,15 @@ def test_loop_sampling_matches_plain_sampling(width):
     accepted = 0
     for _ in range(n):
         out = target.generate(
-            prompt, max_new_tokens=NEW, do_sample=True, temperature=TEMP, top_p=TOP_P, top_k=0,
-            custom_generate=decoder, pad_token_id=0, eos_token_id=None,
+            prompt,
+            max_new_tokens=NEW,
+            do_sample=True,
+            temperature=TEMP,
+            top_p=TOP_P,
+            top_k=0,
+            custom_generate=decoder,
+            pad_token_id=0,
+            eos_token_id=None,
         )
         for pos, tok in enumerate(out[0, prompt.shape[1] :].tolist()):
             counts[pos][tok] += 1

@@ -68,7 +68,9 @@ def test_truncate_depth_and_select_keep_a_valid_tree(tree, max_depth):
     cut = tree.truncate_depth(max_depth)
     assert all(d <= max_depth for d in cut.depth.tolist())
     kept_paths = {tuple(cut.tokens[cut.path_to(i)].tolist()) for i in range(len(cut))}
-    all_paths = {tuple(tree.tokens[tree.path_to(i)].tolist()) for i in range(len(tree)) if tree.depth[i] <= max_depth}
+    all_paths = {
+        tuple(tree.tokens[tree.path_to(i)].tolist()) for i in range(len(tree)) if tree.depth[i] <= max_depth
+    }
     assert kept_paths == all_paths
 
 
