@@ -7,6 +7,7 @@ and `AssistantHandle.disable()` (or leaving the `with` block) restores it.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -16,6 +17,8 @@ from transformers.generation.candidate_generator import CandidateGenerator
 
 from hf_spec.config import MethodConfig
 from hf_spec.decoder import SpeculativeDecoder
+from hf_spec.generate import generate_frame_local
+from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
 from hf_spec.tree.buffers import DraftTree
 
@@ -166,6 +169,18 @@ def generate_with_recipe(model: PreTrainedModel, recipe: str | dict, **generate_
     from hf_spec.registry import get_method
 
     data = json.loads(recipe) if isinstance(recipe, str) else dict(recipe)
-    config = get_method(data["method"]).config_cls.from_dict(data)
+    if data.get("head") == HEAD_IN_THIS_FOLDER:  # a head repo's own recipe: the head is the folder being run
+        folder = generate_frame_local("custom_generate")
+        if not isinstance(folder, (str, os.PathLike)):
+            raise ValueError(
+                "this recipe uses the head of the folder passed as custom_generate=; pass the folder path"
+            )
+        data["head"] = str(folder)
+    key = json.dumps(data, sort_keys=True)
+    if key not in _RECIPE_DECODERS:  # the head is loaded once, not at every call
+        _RECIPE_DECODERS[key] = SpeculativeDecoder(get_method(data["method"]).config_cls.from_dict(data))
     generate_kwargs = {k: v for k, v in generate_kwargs.items() if v is not None}
-    return model.generate(custom_generate=SpeculativeDecoder(config), **generate_kwargs)
+    return model.generate(custom_generate=_RECIPE_DECODERS[key], **generate_kwargs)
+
+
+_RECIPE_DECODERS: dict[str, SpeculativeDecoder] = {}
