@@ -190,3 +190,22 @@ def test_custom_generate_folder(trained):
     )
     assert torch.equal(out, ref)
     assert EagleConfig.from_cli_arg(str(folder / "head")).head == str(folder / "head")
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_transformers_assisted_loop_with_hidden_states(trained, do_sample):
+    """The head drafts chains inside transformers' own assisted loop, fed through requires_model_outputs."""
+    from hf_spec.integrations import enable_assistant
+
+    model, head, _, _ = trained
+    ids = prompt_ids(12, seed=5)
+    dec = SpeculativeDecoder(EagleDrafter(EagleConfig(depth=4, topk=3, total_tokens=10), model, head=head))
+    kw = dict(max_new_tokens=30, do_sample=do_sample, top_k=0)
+    torch.manual_seed(0)
+    ref = model.generate(ids, **kw)
+    with enable_assistant(model, loop="transformers"):
+        torch.manual_seed(0)
+        out = model.generate(ids, assistant_model=dec, **kw)
+    assert out.shape[1] == ref.shape[1]
+    if not do_sample:
+        assert torch.equal(out, ref)

@@ -30,7 +30,9 @@ def decoder_for(spec: str, model) -> SpeculativeDecoder:
         torch.manual_seed(0)
         head = EagleHeadModel(EagleHeadConfig.for_target(model, 64))
         head.init_layer_from(model)
-        return SpeculativeDecoder(EagleDrafter(EagleConfig(depth=3, topk=3, total_tokens=8), model, head=head))
+        return SpeculativeDecoder(
+            EagleDrafter(EagleConfig(depth=3, topk=3, total_tokens=8), model, head=head)
+        )
     return SpeculativeDecoder(spec)
 
 
