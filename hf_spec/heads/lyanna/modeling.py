@@ -59,7 +59,7 @@ class LyannaHeadModel(DraftHeadModel):
         """h_i `(B, q, H)` -> h_{i+1}: no token input."""
         return self.run_layer(hidden, position_ids, attention_mask, cache)
 
-    def token_info(self, target_ids: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    def token_info(self, target_ids: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
         """RMSNorm(E'(t)) for target ids `(...)` -> `(..., draft_vocab_size)`; zeros without token info."""
         if not self.config.token_info_rank:
             return torch.zeros(*target_ids.shape, self.config.draft_vocab_size)
