@@ -162,10 +162,11 @@ def test_greedy_equals_generate(trained, resample, token_info):
         assert dec.drafter_for(model).resample_count > 0
 
 
-def test_sampling_keeps_target_distribution():
-    """Chi-square of per-position token counts vs the target's exact marginals (tiny vocabulary)."""
-    from tests.stats import chi2_pvalue
-    from tests.test_sampling import NEW, TEMP, TOP_P, V, exact_marginals
+@pytest.mark.parametrize("loop", ["hf-spec", "transformers"])
+def test_sampling_keeps_target_distribution(loop):
+    """Chi-square of per-position token counts vs the target's exact marginals (tiny vocabulary), both loops."""
+    from tests.stats import sampled_marginals_pvalues
+    from tests.test_sampling import V
 
     target = make_tiny_model("llama", seed=11, vocab_size=V, layers=2, temperature=2.0)
     torch.manual_seed(0)
@@ -175,31 +176,12 @@ def test_sampling_keeps_target_distribution():
         .eval()
     )
     head.init_layer_from(target)
-    decoder = SpeculativeDecoder(
-        LyannaDrafter(LyannaConfig(depth=3, topk=2, budget=5, resample="fused"), target, head=head)
+    cfg = LyannaConfig(depth=3, topk=2, budget=5, resample="fused")
+    pvalues, accepted = sampled_marginals_pvalues(
+        target, lambda: SpeculativeDecoder(LyannaDrafter(cfg, target, head=head)), loop
     )
-    prompt = torch.tensor([[1, 5, 7, 3, 9]])
-    expected = exact_marginals(target, prompt)
-    torch.manual_seed(2024)
-    n, counts, accepted = 1500, [dict() for _ in range(NEW)], 0
-    for _ in range(n):
-        out = target.generate(
-            prompt,
-            max_new_tokens=NEW,
-            do_sample=True,
-            temperature=TEMP,
-            top_p=TOP_P,
-            top_k=0,
-            custom_generate=decoder,
-            pad_token_id=0,
-            eos_token_id=None,
-        )
-        for pos, tok in enumerate(out[0, prompt.shape[1] :].tolist()):
-            counts[pos][tok] = counts[pos].get(tok, 0) + 1
-        accepted += decoder.last_stats.accepted_tokens
-    assert accepted > n * 0.2
-    for pos in range(NEW):
-        assert chi2_pvalue(counts[pos], expected[pos], n) > 1e-3
+    assert loop == "transformers" or accepted > 200
+    assert min(pvalues) > 1e-3, pvalues
 
 
 def test_save_load_and_errors(trained, tmp_path):
