@@ -16,7 +16,7 @@ from hf_spec.heads.eagle.losses import alignment_mask, topk_loss
 from hf_spec.heads.eagle.train import EagleTrainConfig, train_eagle
 from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER, save_head_folder
 from hf_spec.methods.eagle import EagleConfig, EagleDrafter
-from hf_spec.methods.eagle.drafter import load_head, rerank
+from hf_spec.methods.eagle.drafter import load_head
 from hf_spec.training.features import FeatureStore, capture_features
 from hf_spec.training.responses import Conversation
 from tests.conftest import make_tiny_model, prompt_ids
@@ -113,18 +113,6 @@ def test_topk_loss_matches_loop():
     assert float(topk_loss(logp, ids, logq, mask, k=3)) == pytest.approx(total / float(mask.sum()), rel=1e-5)
 
 
-def test_rerank_keeps_budget_and_ancestors():
-    tokens = [10, 11, 12, 13, 14, 15]
-    parents = [-1, -1, 0, 0, 2, 1]
-    scores = [-0.1, -2.0, -0.3, -0.4, -0.5, -2.5]
-    depths = [1, 1, 2, 2, 3, 2]
-    tree = rerank(tokens, parents, scores, depths, 4)
-    assert tree.tokens.tolist() == [10, 12, 13, 14]
-    assert tree.parents.tolist() == [-1, 0, 0, 1]
-    full = rerank(tokens, parents, scores, depths, 10)
-    assert sorted(full.tokens.tolist()) == sorted(tokens)
-
-
 def test_training_lowers_loss_and_learns(trained):
     _, _, report, _ = trained
     assert report["final_loss"] < 0.75 * report["first_loss"]
@@ -160,7 +148,7 @@ def test_head_refuses_another_target(trained):
 
 def test_corrupt_or_missing_head_is_a_clear_error(tmp_path, trained):
     model, _, _, folder = trained
-    with pytest.raises(ValueError, match="cannot load an EAGLE head"):
+    with pytest.raises(ValueError, match="cannot load the eagle head"):
         load_head(str(tmp_path / "nothing"), model)
     bad = tmp_path / "bad"
     bad.mkdir()

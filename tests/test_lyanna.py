@@ -15,8 +15,9 @@ from hf_spec.heads.lyanna import LyannaHeadConfig, LyannaHeadModel
 from hf_spec.heads.lyanna.train import LyannaTrainConfig, train_lyanna
 from hf_spec.methods.lyanna import LyannaConfig, LyannaDrafter
 from hf_spec.methods.lyanna.drafter import load_lyanna_head
-from hf_spec.methods.lyanna.token_tree import ScoredTree, fuse, prune, token_info_tree
+from hf_spec.methods.lyanna.token_tree import token_info_tree
 from hf_spec.training.features import capture_features
+from hf_spec.tree.scored import ScoredTree, fuse, prune
 from tests.conftest import make_tiny_model, prompt_ids
 from tests.test_eagle import tiny_conversations
 
@@ -194,7 +195,7 @@ def test_save_load_and_errors(trained, tmp_path):
         assert torch.allclose(loaded.token_info(ids), head.token_info(ids), atol=0.05 * math.sqrt(80))
     with pytest.raises(ValueError, match="trained for"):
         load_lyanna_head(str(folder / "head"), make_tiny_model(model.config.model_type, seed=9))
-    with pytest.raises(ValueError, match="cannot load a Lyanna head"):
+    with pytest.raises(ValueError, match="cannot load the lyanna head"):
         load_lyanna_head(str(tmp_path / "missing"), model)
     with pytest.raises(ValueError, match="resample must be"):
         LyannaConfig(resample="sometimes")

@@ -40,11 +40,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     features.set_defaults(func=run_features)
 
 
-def run_responses(args: argparse.Namespace) -> int:
+def conversations_from_args(args: argparse.Namespace):
+    """`(model, tokenizer, conversations)` for the data options of `add_data_args`."""
     from hf_spec.training.data import load_conversations
 
     set_threads(args.threads)
-    _, _, convs = load_conversations(
+    return load_conversations(
         args.target,
         args.prompts,
         args.seed_cache,
@@ -54,6 +55,10 @@ def run_responses(args: argparse.Namespace) -> int:
         args.batch_size,
         generate=not args.cached_only,
     )
+
+
+def run_responses(args: argparse.Namespace) -> int:
+    _, _, convs = conversations_from_args(args)
     tokens = sum(len(c.response_ids) for c in convs)
     seeded = sum(c.source == "seed" for c in convs)
     print(f"{len(convs)} conversations ({seeded} imported from the seed cache), {tokens} response tokens")
@@ -61,20 +66,9 @@ def run_responses(args: argparse.Namespace) -> int:
 
 
 def run_features(args: argparse.Namespace) -> int:
-    from hf_spec.training.data import load_conversations
     from hf_spec.training.features import capture_features
 
-    set_threads(args.threads)
-    model, _, convs = load_conversations(
-        args.target,
-        args.prompts,
-        args.seed_cache,
-        args.data_dir,
-        args.limit,
-        args.max_new_tokens,
-        args.batch_size,
-        generate=not args.cached_only,
-    )
+    model, _, convs = conversations_from_args(args)
     store = capture_features(model, convs, args.data_dir or None, target=args.target, topk=args.topk)
     print(f"features: {store.num_tokens} tokens in {len(store.shards)} shards at {store.folder}")
     return 0

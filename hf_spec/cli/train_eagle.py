@@ -8,8 +8,6 @@ import shlex
 import sys
 from pathlib import Path
 
-from hf_spec.cli.common import set_threads
-
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -68,23 +66,13 @@ def common_train_config(args: argparse.Namespace) -> dict:
 
 def train_and_save(args: argparse.Namespace, cfg, train_fn, recipe_cls, kind: str) -> int:
     """Data (cached) -> features (cached) -> train (resumable) -> Hub-style folder with card and report."""
+    from hf_spec.cli.data import conversations_from_args
     from hf_spec.heads.card import head_card
     from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER, save_head_folder
     from hf_spec.models.fetch import cache_root
-    from hf_spec.training.data import load_conversations
     from hf_spec.training.features import capture_features
 
-    set_threads(args.threads)
-    model, _, convs = load_conversations(
-        args.target,
-        args.prompts,
-        args.seed_cache,
-        args.data_dir,
-        args.limit,
-        args.max_new_tokens,
-        args.batch_size,
-        generate=not args.cached_only,
-    )
+    model, _, convs = conversations_from_args(args)
     store = capture_features(model, convs, args.data_dir, target=args.target)
     wanted = {c.id for c in convs}
     sequences = [s for s, cid in zip(store.load_sequences(), store.done, strict=True) if cid in wanted]

@@ -20,6 +20,50 @@ StepFn = Callable[..., tuple[torch.Tensor, list[float], dict[str, float]]]
 
 
 @dataclass
+class Unroll:
+    """A batch laid out for unrolled draft depths. Query index i stands for position t = i + 1: input feature
+    f_{t-1} = `f_in[:, i]`, token x_t = `ids[:, i]`, targets u_t and the target's logits at t (predicting x_{t+1}),
+    `mask` 1 where x_{t+1} is an answer token."""
+
+    f_in: torch.Tensor  # [B, n, H]
+    ids: torch.Tensor  # [B, n]
+    u_tgt: torch.Tensor  # [B, n, H]
+    position_ids: torch.Tensor  # [B, n]
+    mask: torch.Tensor  # [B, n]
+    target_logits: torch.Tensor  # [B, n, V_draft]
+    topk_ids: (
+        torch.Tensor
+    )  # [B, n, K0] draft ids of the target's top tokens (-1: outside the draft vocabulary)
+    topk_logq: torch.Tensor  # [B, n, K0]
+
+    @classmethod
+    @torch.no_grad()
+    def of(cls, head, batch: dict[str, torch.Tensor], t2d: torch.Tensor) -> Unroll:
+        u, x = batch["features"], batch["input_ids"].long()
+        B, T = x.shape
+        n = T - 1
+        ok = batch["valid"] & batch["response_mask"].bool()
+        mask = torch.zeros(B, n)
+        mask[:, : n - 1] = ok[:, 2:].float()
+        return cls(
+            f_in=u[:, :-1],
+            ids=x[:, 1:],
+            u_tgt=u[:, 1:],
+            position_ids=torch.arange(1, T).expand(B, n),
+            mask=mask,
+            target_logits=head.draft_logits(u[:, 1:]),
+            topk_ids=t2d[batch["topk_ids"][:, 1:].long()],
+            topk_logq=batch["topk_logp"][:, 1:].float(),
+        )
+
+    def depth_mask(self, depth: int) -> torch.Tensor:
+        """`mask` without the positions that have fewer than depth-1 predecessors."""
+        m = self.mask.clone()
+        m[:, : depth - 1] = 0
+        return m
+
+
+@dataclass
 class HeadTrainConfig:
     """Args:
     align_steps: draft depths unrolled per batch (HASS context alignment / Lyanna chain length; 1 = EAGLE).

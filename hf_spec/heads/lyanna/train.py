@@ -13,7 +13,7 @@ from transformers import DynamicCache
 
 from hf_spec.heads.eagle.losses import alignment_mask, soft_cross_entropy
 from hf_spec.heads.lyanna.modeling import LyannaHeadConfig, LyannaHeadModel
-from hf_spec.training.trainer import HeadTrainConfig, train_head
+from hf_spec.training.trainer import HeadTrainConfig, Unroll, train_head
 
 
 @dataclass
@@ -36,18 +36,9 @@ def lyanna_step(
     head: LyannaHeadModel, batch: dict[str, torch.Tensor], cfg: LyannaTrainConfig, t2d: torch.Tensor
 ):
     """`(loss, accuracy per depth, loss parts)` of one batch, all chain depths unrolled in parallel."""
-    u = batch["features"]  # [B, T, H]
-    x = batch["input_ids"].long()
-    B, T = x.shape
-    n = T - 1
-    ok = batch["valid"] & batch["response_mask"].bool()
-    mask = torch.zeros(B, n)
-    mask[:, : n - 1] = ok[:, 2:].float()
-    f_in, ids, u_tgt = u[:, :-1], x[:, 1:], u[:, 1:]
-    position_ids = torch.arange(1, T).expand(B, n)
-    with torch.no_grad():
-        target_logits = head.draft_logits(u_tgt)
-        target_top1 = t2d[batch["topk_ids"][:, 1:, 0].long()]
+    d = Unroll.of(head, batch, t2d)
+    f_in, ids, u_tgt, position_ids = d.f_in, d.ids, d.u_tgt, d.position_ids
+    n = ids.shape[1]
     cache = DynamicCache()
     loss = torch.zeros(())
     accs, parts = [], {"feature": 0.0, "ce": 0.0}
@@ -66,15 +57,14 @@ def lyanna_step(
             h = head.next_step(prev, position_ids, attn, cache)
             logits = head.draft_logits(h) + head.token_info(ids)  # l' = l + RMSNorm(E'(x_t))
         logp = torch.log_softmax(logits.float(), dim=-1)
-        m = mask.clone()
-        m[:, : j - 1] = 0
+        m = d.depth_mask(j)
         l_feat = masked_mse(h, u_tgt, m)
-        l_ce = soft_cross_entropy(logp, target_logits, m)
+        l_ce = soft_cross_entropy(logp, d.target_logits, m)
         loss = loss + (cfg.feature_weight * l_feat + cfg.ce_weight * l_ce) / cfg.align_steps
         parts["feature"] += l_feat.item() / cfg.align_steps
         parts["ce"] += l_ce.item() / cfg.align_steps
         with torch.no_grad():
-            accs.append(float(((logp.argmax(-1) == target_top1) * m).sum() / m.sum().clamp(min=1)))
+            accs.append(float(((logp.argmax(-1) == d.topk_ids[..., 0]) * m).sum() / m.sum().clamp(min=1)))
     return loss, accs, parts
 
 

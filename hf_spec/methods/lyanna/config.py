@@ -1,10 +1,9 @@
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from hf_spec.config import MethodConfig, read_config
+from hf_spec.config import MethodConfig
 
 RESAMPLE_MODES = ("off", "separate", "fused")
 TOKEN_INFO_MODES = ("lowrank", "table", "off")
@@ -54,9 +53,6 @@ class LyannaConfig(MethodConfig):
     @classmethod
     def from_cli_arg(cls, arg: str | None) -> LyannaConfig:
         """`lyanna:<head folder>` or `lyanna:<config.json>`."""
-        if arg and os.path.isdir(arg) and os.path.exists(os.path.join(arg, "config.json")):
-            recipe = os.path.join(arg, "hf_spec_config.json")
-            data = read_config(recipe) if os.path.exists(recipe) else {}
-            data.pop("method", None)
-            return cls(**{**data, "head": arg})
-        return super().from_cli_arg(arg)
+        from hf_spec.methods.head_drafter import head_config_from_cli_arg
+
+        return head_config_from_cli_arg(cls, arg)

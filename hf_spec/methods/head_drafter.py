@@ -1,0 +1,91 @@
+"""What the EAGLE and Lyanna drafters share: loading a head folder onto its target, and the head's KV cache of
+committed positions, which catches up with the target's features after every verification."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from transformers import DynamicCache
+
+from hf_spec.config import MethodConfig, read_config
+from hf_spec.heads.base import DraftHeadModel
+from hf_spec.methods.base import Drafter, RoundResult, SpecState
+from hf_spec.training.features import unit_features
+from hf_spec.verify.cache import cache_length
+
+
+def load_draft_head(head_cls: type[DraftHeadModel], path: str, target, method: str) -> DraftHeadModel:
+    if not path:
+        raise ValueError(
+            f"{method} needs a head folder: {method}:<folder> (train one with `hf-spec train {method}`)"
+        )
+    try:
+        head = head_cls.from_pretrained(path, dtype=torch.float32)
+    except OSError as err:
+        raise ValueError(f"cannot load the {method} head at {path!r}: {err}") from None
+    return head.eval().attach_target(target)
+
+
+def head_config_from_cli_arg(cls: type[MethodConfig], arg: str | None) -> MethodConfig:
+    """`method:<head folder>` (a folder with the head's config.json; its own recipe supplies the decoding
+    parameters) or `method:<config.json>`."""
+    if arg and os.path.isdir(arg) and os.path.exists(os.path.join(arg, "config.json")):
+        recipe = os.path.join(arg, "hf_spec_config.json")
+        data = read_config(recipe) if os.path.exists(recipe) else {}
+        data.pop("method", None)
+        return cls(**{**data, "head": arg})
+    return MethodConfig.from_cli_arg.__func__(cls, arg)
+
+
+def causal_mask(q_len: int, past: int) -> torch.Tensor:
+    """Additive `(1, 1, q_len, past + q_len)`: every query sees the cache and the queries up to itself."""
+    allowed = torch.ones(q_len, past + q_len, dtype=torch.bool).tril(diagonal=past)
+    return torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)[None, None]
+
+
+class HeadDrafter(Drafter):
+    """Base of head drafters. `self.cache` holds the head's keys/values of committed positions only;
+    `pending_features` are the target's unit features f_{p-1} of committed positions p not fed yet."""
+
+    requires_hidden_states = True
+    head_cls: type[DraftHeadModel] = DraftHeadModel
+
+    def __init__(self, config, model, tokenizer=None, head: DraftHeadModel | None = None) -> None:
+        super().__init__(config, model, tokenizer)
+        if head is not None:
+            self.head = head.attach_target(model)
+        else:
+            self.head = load_draft_head(self.head_cls, config.head, model, config.method)
+        self.norm = model.model.norm
+        self.cache = DynamicCache()
+        self.pending_features: list[torch.Tensor] = []  # [n, H] chunks
+
+    def begin(self, state: SpecState) -> None:
+        if state.hidden_states is None or state.hidden_states.shape[1] != state.seq_len - 1:
+            raise ValueError(f"{self.config.method} needs the target's hidden states of the prompt")
+        self.cache = DynamicCache()
+        self.pending_features = [unit_features(state.hidden_states[0], self.norm)]
+
+    def observe(self, state: SpecState, result: RoundResult) -> None:
+        self.pending_features.append(unit_features(result.hidden_states[0], self.norm))
+
+    def end(self, state: SpecState) -> None:
+        self.cache, self.pending_features = DynamicCache(), []
+
+    def catch_up(self, state: SpecState, first_step) -> torch.Tensor:
+        """Feed the pending committed positions (up to the root) through `first_step(features, ids, positions,
+        mask, cache)`; return the head state at the root `(H,)`."""
+        features = torch.cat(self.pending_features)  # [P, H]
+        self.pending_features = []
+        past = cache_length(self.cache)
+        first = state.seq_len - features.shape[0]
+        if first != past + 1:
+            raise RuntimeError(
+                f"{self.config.method} head cache out of step: holds {past} positions, next is {first}"
+            )
+        ids = state.input_ids[:, first:]
+        positions = torch.arange(first, state.seq_len).view(1, -1)
+        return first_step(features[None], ids, positions, causal_mask(features.shape[0], past), self.cache)[
+            0, -1
+        ]
