@@ -176,3 +176,15 @@ def test_build_from_early_exit_layers(tmp_path, stories):
 
     cont = early_exit_continuation(model, ids, 3, 6)
     assert index.text[: len(ids) + len(cont)].tolist() == ids + cont
+
+
+def test_responses_from_a_token_id_cache(tmp_path):
+    from hf_spec.datastore.sources import response_documents
+    from hf_spec.training.responses import Conversation, ResponseCache
+
+    ResponseCache(tmp_path / "cache").append([Conversation("a", [1, 2], [3, 4, 2])])
+    assert list(response_documents(str(tmp_path / "cache"), None)) == [[1, 2, 3, 4, 2]]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "x"}\n')
+    with pytest.raises(ValueError, match="prompt_ids"):
+        list(response_documents(str(bad), None))
