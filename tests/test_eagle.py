@@ -209,3 +209,21 @@ def test_transformers_assisted_loop_with_hidden_states(trained, do_sample):
     assert out.shape[1] == ref.shape[1]
     if not do_sample:
         assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("loop", ["hf-spec", "transformers"])
+def test_sampling_keeps_target_distribution(loop):
+    """Chi-square of per-position token counts vs the target's exact marginals (tiny vocabulary), both loops."""
+    from tests.stats import sampled_marginals_pvalues
+    from tests.test_sampling import V
+
+    target = make_tiny_model("llama", seed=11, vocab_size=V, layers=2, temperature=2.0)
+    torch.manual_seed(0)
+    head = EagleHeadModel(EagleHeadConfig.for_target(target, V)).attach_target(target).eval()
+    head.init_layer_from(target)
+    cfg = EagleConfig(depth=3, topk=2, total_tokens=5)
+    pvalues, accepted = sampled_marginals_pvalues(
+        target, lambda: SpeculativeDecoder(EagleDrafter(cfg, target, head=head)), loop
+    )
+    assert loop == "transformers" or accepted > 200
+    assert min(pvalues) > 1e-3, pvalues

@@ -21,6 +21,11 @@ def add_data_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--threads", type=int, help="torch CPU threads")
+    parser.add_argument(
+        "--cached-only",
+        action="store_true",
+        help="use only answers already cached (or seeded); generate none",
+    )
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -47,6 +52,7 @@ def run_responses(args: argparse.Namespace) -> int:
         args.limit,
         args.max_new_tokens,
         args.batch_size,
+        generate=not args.cached_only,
     )
     tokens = sum(len(c.response_ids) for c in convs)
     seeded = sum(c.source == "seed" for c in convs)
@@ -67,6 +73,7 @@ def run_features(args: argparse.Namespace) -> int:
         args.limit,
         args.max_new_tokens,
         args.batch_size,
+        generate=not args.cached_only,
     )
     store = capture_features(model, convs, args.data_dir or None, target=args.target, topk=args.topk)
     print(f"features: {store.num_tokens} tokens in {len(store.shards)} shards at {store.folder}")

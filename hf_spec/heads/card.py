@@ -75,6 +75,12 @@ def head_card(
 
 
 def _objective(cfg: dict[str, Any]) -> str:
+    if "token_info_rank" in cfg:  # Lyanna
+        return (
+            f"alpha={cfg.get('feature_weight')} x MSE(h, H) + beta={cfg.get('ce_weight')} x soft cross-entropy, over a "
+            f"{cfg.get('align_steps')}-step hidden-state chain; token-info rank {cfg.get('token_info_rank')}; "
+            f"first-token fusion {cfg.get('first_token_fusion')}"
+        )
     parts = [
         f"EAGLE feature SmoothL1 (x{cfg.get('feature_weight')}) + soft cross-entropy (x{cfg.get('ce_weight')})"
     ]

@@ -10,14 +10,14 @@ import torch
 def draft_vocabulary(
     sequences: list[dict[str, torch.Tensor]], size: int, vocab_size: int, keep: list[int]
 ) -> torch.Tensor:
-    """The `size` most frequent response tokens (plus `keep`, e.g. EOS), as sorted target ids: the `d2t` map."""
+    """The `size` most frequent response tokens (plus `keep`, e.g. EOS), most frequent first: the `d2t` map (so
+    `d2t[:n]` are the n hottest tokens)."""
     counts = torch.zeros(vocab_size, dtype=torch.long)
     for seq in sequences:
         ids = seq["input_ids"].long()[seq["response_mask"].bool()]
         counts += torch.bincount(ids, minlength=vocab_size)[:vocab_size]
     counts[torch.tensor(keep, dtype=torch.long)] = counts.max() + 1
-    chosen = torch.topk(counts, min(size, vocab_size)).indices
-    return torch.sort(chosen).values
+    return torch.topk(counts, min(size, vocab_size)).indices  # descending counts
 
 
 def vocabulary_coverage(

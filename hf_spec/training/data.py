@@ -20,6 +20,7 @@ def load_conversations(
     batch_size: int = 8,
     model=None,
     tokenizer=None,
+    generate: bool = True,
 ) -> tuple[object, object, list[Conversation]]:
     """`(model, tokenizer, conversations)`: answers missing from the cache are generated first."""
     if model is None:
@@ -36,5 +37,6 @@ def load_conversations(
         batch_size=batch_size,
         max_new_tokens=max_new_tokens,
         seed_file=seed_cache,
+        generate=generate,
     )
     return model, tokenizer, convs

@@ -116,9 +116,11 @@ def generate_responses(
     max_prompt_tokens: int = 768,
     seed_file: str | os.PathLike | None = None,
     progress: bool = True,
+    generate: bool = True,
 ) -> list[Conversation]:
     """Answer every prompt not in `cache` yet (greedy, batched, left-padded; shortest prompts first), appending
-    each finished batch to the cache. Returns the conversations of `prompts`, in order (overlong prompts skipped)."""
+    each finished batch to the cache. Returns the conversations of `prompts`, in order (overlong prompts skipped).
+    `generate=False`: only what the cache (and seed) already hold."""
     eos = model.generation_config.eos_token_id
     eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
     if not eos_ids:
@@ -136,7 +138,11 @@ def generate_responses(
     encoded = {
         p.id: tokenizer(chat_prompt_text(tokenizer, p), add_special_tokens=False).input_ids for p in prompts
     }
-    todo = [p for p in prompts if p.id not in done and len(encoded[p.id]) <= max_prompt_tokens]
+    todo = (
+        [p for p in prompts if p.id not in done and len(encoded[p.id]) <= max_prompt_tokens]
+        if generate
+        else []
+    )
     todo.sort(key=lambda p: len(encoded[p.id]))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
     bar = tqdm(total=len(todo), desc="target responses", unit="prompt", disable=not progress)

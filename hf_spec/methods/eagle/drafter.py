@@ -85,7 +85,7 @@ class EagleDrafter(Drafter):
             raise RuntimeError(f"eagle head cache out of step: holds {past} positions, next is {first}")
         ids = state.input_ids[:, first:]
         positions = torch.arange(first, state.seq_len).view(1, -1)
-        mask = _causal_mask(features.shape[0], past)
+        mask = causal_mask(features.shape[0], past)
         h = self.head(features[None], ids, positions, mask, self.cache)
         return h[0, -1]
 
@@ -171,7 +171,7 @@ def rerank(
     )
 
 
-def _causal_mask(q_len: int, past: int) -> torch.Tensor:
+def causal_mask(q_len: int, past: int) -> torch.Tensor:
     """Additive `(1, 1, q_len, past + q_len)`: every query sees the cache and the queries up to itself."""
     allowed = torch.ones(q_len, past + q_len, dtype=torch.bool).tril(diagonal=past)
     return torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)[None, None]
