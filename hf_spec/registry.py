@@ -49,7 +49,9 @@ def parse_method(spec: str | MethodConfig) -> MethodConfig:
     if isinstance(spec, MethodConfig):
         return spec
     name, sep, arg = spec.partition(":")
-    if not sep and (spec.endswith(".json") or os.path.isdir(spec)):  # a saved config: its "method" says which
+    if sep and name in list_methods():  # `name:ARG`, where ARG may itself be a config path
+        return get_method(name).config_cls.from_cli_arg(arg or None)
+    if spec.endswith(".json") or os.path.isdir(spec):  # a saved config: its "method" key says which
         data = read_config(spec)
         return get_method(data.get("method", "")).config_cls.from_dict(data)
     return get_method(name).config_cls.from_cli_arg(arg or None)

@@ -11,13 +11,26 @@ from hypothesis import strategies as st
 
 from hf_spec import SpeculativeDecoder, list_methods
 from hf_spec.heads.eagle import EagleHeadConfig, EagleHeadModel
+from hf_spec.heads.lyanna import LyannaHeadConfig, LyannaHeadModel
 from hf_spec.methods.draft_model.config import DraftModelConfig
 from hf_spec.methods.draft_model.drafter import DraftModelDrafter
 from hf_spec.methods.eagle import EagleConfig, EagleDrafter
+from hf_spec.methods.lyanna import LyannaConfig, LyannaDrafter
 from hf_spec.methods.pld.ngram_matcher import find_continuations
 from tests.conftest import make_tiny_model, prompt_ids
 
-METHOD_SPECS = ["pld", "pld:3", "early-exit:1", "early-exit:3", "oracle:6", "draft-model", "eagle"]
+METHOD_SPECS = [
+    "pld",
+    "pld:3",
+    "early-exit:1",
+    "early-exit:3",
+    "oracle:6",
+    "draft-model",
+    "eagle",
+    "lyanna",
+    "retrieval",
+    "talon",
+]
 
 
 def decoder_for(spec: str, model) -> SpeculativeDecoder:
@@ -33,6 +46,10 @@ def decoder_for(spec: str, model) -> SpeculativeDecoder:
         return SpeculativeDecoder(
             EagleDrafter(EagleConfig(depth=3, topk=3, total_tokens=8), model, head=head)
         )
+    if spec == "lyanna":  # an untrained head, re-sampling fused
+        torch.manual_seed(0)
+        head = LyannaHeadModel(LyannaHeadConfig.for_target(model, 64, token_info_rank=8))
+        return SpeculativeDecoder(LyannaDrafter(LyannaConfig(depth=4, topk=3, budget=8), model, head=head))
     return SpeculativeDecoder(spec)
 
 

@@ -188,3 +188,11 @@ def tree_position_ids(tree: DraftTree, past_length: int, device: torch.device | 
     depth`."""
     depth = torch.cat([torch.zeros(1, dtype=torch.long), tree.depth])
     return (depth + past_length).view(1, -1).to(device)
+
+
+def causal_mask(
+    q_len: int, past_length: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """Additive causal 4D mask `(1, 1, q_len, past_length + q_len)` for `q_len` new tokens after `past_length`
+    cached ones (a chain is a tree: its root plus `q_len - 1` nodes)."""
+    return tree_attention_mask(DraftTree.chain(range(q_len - 1)), past_length, dtype, device)

@@ -1,0 +1,102 @@
+"""`hf-spec datastore build|info`: token datastores for the `retrieval` and `talon` methods."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("datastore", help="build or inspect a retrieval datastore")
+    sub = p.add_subparsers(dest="datastore_command", required=True)
+    b = sub.add_parser("build", help="build a datastore from training data (never from eval prompts)")
+    b.add_argument("--target", required=True, help="known model name, local folder or Hub id (its tokenizer)")
+    b.add_argument(
+        "--from",
+        dest="sources",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="training text file (.json ShareGPT, .jsonl Alpaca, .txt), segmented by the tokenizer; repeatable",
+    )
+    b.add_argument(
+        "--responses",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="cache of the target's own answers (JSONL with prompt, response); repeatable",
+    )
+    b.add_argument(
+        "--early-exit-prompts",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="training prompts continued by the target's early-exit layers; repeatable",
+    )
+    b.add_argument("--early-exit-layer", type=int, default=0, help="exit layer (0: 3/4 of the depth)")
+    b.add_argument("--early-exit-max-prompts", type=int, default=64)
+    b.add_argument("--early-exit-new-tokens", type=int, default=64)
+    b.add_argument("--recipe", default=None, help="a recipe .json instead of the source flags")
+    b.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    b.add_argument("--out", required=True, help="output folder")
+    b.set_defaults(func=run_build)
+    i = sub.add_parser("info", help="print a datastore's recipe and statistics")
+    i.add_argument("path")
+    i.set_defaults(func=run_info)
+    return p
+
+
+def run_build(args: argparse.Namespace) -> int:
+    from hf_spec.cli.common import set_threads
+    from hf_spec.datastore import DatastoreRecipe, build_datastore, save_datastore
+
+    if args.recipe:
+        recipe = DatastoreRecipe.from_dict(json.loads(open(args.recipe).read()))
+    else:
+        recipe = DatastoreRecipe(
+            corpus=args.sources,
+            responses=args.responses,
+            early_exit_prompts=args.early_exit_prompts,
+            early_exit_layer=args.early_exit_layer,
+            early_exit_max_prompts=args.early_exit_max_prompts,
+            early_exit_new_tokens=args.early_exit_new_tokens,
+        )
+    if recipe.empty:
+        print("no source: give --from, --responses or --early-exit-prompts (or --recipe)", file=sys.stderr)
+        return 2
+    set_threads(args.threads)
+    start = time.perf_counter()
+    if recipe.early_exit_prompts:
+        from hf_spec.models import load_model
+
+        model, tokenizer = load_model(args.target)
+    else:  # only the tokenizer is needed
+        model, tokenizer = None, _load_tokenizer(args.target)
+    index, meta = build_datastore(recipe, model, tokenizer)
+    save_datastore(args.out, index, recipe, meta)
+    print(json.dumps(meta, indent=2))
+    print(f"wrote {args.out} in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+def _load_tokenizer(target: str):
+    from transformers import AutoTokenizer
+
+    from hf_spec.models.fetch import KNOWN_MODELS, fetch_model
+
+    path = fetch_model(target) if target in KNOWN_MODELS else target
+    return AutoTokenizer.from_pretrained(path)
+
+
+def run_info(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    folder = Path(args.path)
+    for name in ("recipe.json", "meta.json"):
+        if not (folder / name).exists():
+            print(f"no datastore at {folder} ({name} missing)", file=sys.stderr)
+            return 2
+        print(f"{name}:\n{(folder / name).read_text()}")
+    return 0

@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hf_spec.config import MethodConfig
+
+
+@dataclass
+class RetrievalConfig(MethodConfig):
+    """Retrieval drafting (REST, He et al. 2024; Talon's retrieval half): the longest suffix of the context found
+    in a token datastore and in the prompt + generated text (paper Algorithm 1), its continuations merged into
+    a trie with cumulative frequencies and pruned to a node budget.
+
+    Args:
+        datastore: a datastore recipe (see `hf_spec.datastore.DatastoreRecipe`: `corpus`, `responses`,
+            `early_exit_prompts`, ...): built on first use and cached under `$HF_SPEC_CACHE/datastores/`.
+        datastore_path: a datastore folder from `hf-spec datastore build` (overrides `datastore`).
+        num_draft_tokens: tree depth (continuation length).
+        max_match / min_match: context suffix lengths tried, longest first.
+        max_occurrences: occurrences sampled for the continuations of a frequent suffix.
+        max_nodes: tree budget when the match is strong (m in the paper).
+        strong_match: a match this long earns `max_nodes`; shorter ones get `weak_nodes`.
+        weak_nodes: tree budget for short matches (verification of ~6 tokens costs about one plain step on a
+            2-core CPU, 16 about 1.5).
+        search_context: also search the current prompt + generated text.
+        context_weight: weight of context matches against datastore matches in the trie frequencies.
+        grow_online: add every finished prompt + answer to the datastore (kept in memory, across `generate`
+            calls); off by default so benchmark prompts never leak into later drafts.
+    """
+
+    method = "retrieval"
+    main_arg = "datastore_path"
+
+    datastore: dict = field(default_factory=dict, metadata={"help": "datastore recipe (built on first use)"})
+    datastore_path: str = field(default="", metadata={"help": "prebuilt datastore folder"})
+    num_draft_tokens: int = field(default=10, metadata={"help": "tree depth"})
+    max_match: int = field(default=16, metadata={"help": "longest context suffix matched"})
+    min_match: int = field(default=1, metadata={"help": "shortest context suffix matched"})
+    max_occurrences: int = field(default=256, metadata={"help": "occurrences sampled per match"})
+    max_nodes: int = field(default=16, metadata={"help": "tree budget for strong matches"})
+    strong_match: int = field(default=3, metadata={"help": "match length that earns max_nodes"})
+    weak_nodes: int = field(default=5, metadata={"help": "tree budget for short matches"})
+    search_context: bool = field(default=True, metadata={"help": "search the prompt + generated text too"})
+    context_weight: float = field(default=2.0, metadata={"help": "weight of context matches"})
+    grow_online: bool = field(default=False, metadata={"help": "add finished generations to the datastore"})
+
+    def __post_init__(self) -> None:
+        if self.num_draft_tokens < 0 or self.max_nodes < 0 or self.weak_nodes < 0:
+            raise ValueError("retrieval: num_draft_tokens, max_nodes and weak_nodes must be >= 0")
+        if not 1 <= self.min_match <= self.max_match:
+            raise ValueError(
+                f"retrieval: need 1 <= min_match <= max_match, got {self.min_match}, {self.max_match}"
+            )

@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+from hf_spec.methods.base import Drafter, SpecState
+from hf_spec.methods.retrieval.config import RetrievalConfig
+from hf_spec.methods.retrieval.retriever import Retriever
+from hf_spec.tree.buffers import DraftTree
+
+
+class RetrievalDrafter(Drafter):
+    """Deterministic retrieval trees from a token datastore and the context (see `RetrievalConfig`)."""
+
+    config: RetrievalConfig
+
+    def __init__(self, config: RetrievalConfig, model, tokenizer=None) -> None:
+        super().__init__(config, model, tokenizer)
+        self.retriever = Retriever(config, model, tokenizer)
+
+    def propose(self, state: SpecState, max_depth: int) -> DraftTree:
+        depth = min(self.config.num_draft_tokens, max_depth)
+        tree, _ = self.retriever.propose(state.input_ids[0].cpu().numpy(), depth)
+        return tree
+
+    def end(self, state: SpecState) -> None:
+        self.retriever.finish(state.input_ids[0].cpu().numpy())
+
+
+__all__ = ["RetrievalDrafter"]

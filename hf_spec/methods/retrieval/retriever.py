@@ -1,0 +1,89 @@
+"""The stateful retrieval wrapper: datastore + context search -> a pruned, frequency-ordered token tree."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hf_spec.datastore import Datastore, DatastoreRecipe, Matches, get_datastore, scan_search
+from hf_spec.methods.retrieval.config import RetrievalConfig
+from hf_spec.tree.buffers import DraftTree
+from hf_spec.tree.trie import retrieval_tree
+
+_LOADED: dict[tuple, Datastore] = {}  # one loaded datastore per (recipe key or path), shared by drafters
+
+
+class Retriever:
+    """Proposes retrieval trees for a context (used by the `retrieval` and `talon` drafters)."""
+
+    def __init__(self, config: RetrievalConfig, model, tokenizer=None) -> None:
+        self.config = config
+        recipe = DatastoreRecipe.from_dict(config.datastore) if config.datastore else None
+        building = not config.datastore_path and recipe is not None and not recipe.empty
+        if building and tokenizer is None:
+            tokenizer = _tokenizer_of(model)
+        key = (
+            (config.datastore_path,)
+            if config.datastore_path
+            else (recipe.key(tokenizer),)
+            if building
+            else None
+        )
+        if key is not None and key in _LOADED and not config.grow_online:
+            self.datastore = _LOADED[key]
+        else:
+            self.datastore = get_datastore(recipe, model, tokenizer, config.datastore_path)
+            if key is not None and not config.grow_online:
+                _LOADED[key] = self.datastore
+        self.last_match = 0  # longest match length of the latest search
+
+    def matches(self, context: np.ndarray, depth: int) -> list[tuple[Matches, float]]:
+        cfg = self.config
+        found = []
+        if self.datastore.num_tokens:
+            found.append(
+                (
+                    self.datastore.search(context, cfg.max_match, depth, cfg.min_match, cfg.max_occurrences),
+                    1.0,
+                )
+            )
+        if cfg.search_context:
+            found.append(
+                (scan_search(context, context, cfg.max_match, depth, cfg.min_match), cfg.context_weight)
+            )
+        return [(m, w) for m, w in found if m.length > 0 and len(m.counts)]
+
+    def propose(self, context: np.ndarray, depth: int) -> tuple[DraftTree, int]:
+        """A retrieval tree of at most `depth` levels for `context` `(seq_len,)` and the longest match length."""
+        if depth <= 0:
+            return DraftTree.empty(), 0
+        found = self.matches(context, depth)
+        if not found:
+            self.last_match = 0
+            return DraftTree.empty(), 0
+        sequences, weights = [], []
+        for m, w in found:
+            # each source's occurrences share one unit of weight, scaled by its match length
+            share = w * m.length * m.counts / m.counts.sum()
+            sequences.extend(m.sequences.tolist())
+            weights.extend(share.tolist())
+        longest = max(m.length for m, _ in found)
+        budget = self.config.max_nodes if longest >= self.config.strong_match else self.config.weak_nodes
+        tree, _ = retrieval_tree(sequences, weights, budget)
+        self.last_match = longest
+        return tree, longest
+
+    def finish(self, tokens: np.ndarray) -> None:
+        if self.config.grow_online:
+            self.datastore.add(tokens)
+
+
+def _tokenizer_of(model):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model.name_or_path)
+    except Exception as err:  # noqa: BLE001 - any failure means: ask the caller for the tokenizer
+        raise ValueError(
+            "the retrieval datastore needs the target's tokenizer: pass it "
+            f"(SpeculativeDecoder(..., tokenizer=tok)); loading one from {model.name_or_path!r} failed: {err}"
+        ) from None

@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hf_spec.config import MethodConfig
+
+
+@dataclass
+class TalonConfig(MethodConfig):
+    """Talon (Gao et al., AAAI 2026, "Breaking the Synchronization Barrier in Speculative Decoding with Hybrid
+    Model-based and Retrieve-based Drafting"): a retrieval tree and a model drafter's tree fused by
+    longest-prefix matching into one token tree, verified in one target forward; optionally the model drafts
+    the next block on another thread while the target verifies.
+
+    Args:
+        retrieval: `retrieval` method settings (datastore recipe or path, tree budget, ...); `null` turns the
+            retrieval half off (model-only).
+        drafter: the model drafter as a method spec: `early-exit[:LAYER]` or an `early-exit` config `.json` (an
+            own-cache chain of the target's first layers + exit head, async-capable), or any other registered
+            method spec (sync only); `""` turns the model half off (retrieval-only).
+        mode: `sync` (draft, then verify) or `async` (the model drafts the next block while the target verifies,
+            assuming its chain is accepted; the block is kept when the target agrees and dropped otherwise).
+        adaptive: skip the model drafter in rounds where retrieval found a strong match (`retrieval.strong_match`).
+        draft_ahead: tokens drafted ahead in async mode (0: the model drafter's chain length).
+        draft_threads: torch threads of the drafting thread in async mode.
+        verify_threads: torch threads of the verification while the drafting thread runs (0: all cores minus
+            `draft_threads`, at least 1).
+        async_min_acceptance: async drafting-ahead only pays when the guess holds; below this running rate of
+            fully accepted model chains a round runs synchronously (Figure 1's switch).
+    """
+
+    method = "talon"
+    main_arg = None
+
+    retrieval: dict | None = field(default_factory=dict, metadata={"help": "retrieval settings; null: off"})
+    drafter: str = field(default="early-exit", metadata={"help": "model drafter spec; '': off"})
+    mode: str = field(default="sync", metadata={"help": "sync or async"})
+    adaptive: bool = field(
+        default=True, metadata={"help": "skip the model drafter on strong retrieval matches"}
+    )
+    draft_ahead: int = field(default=0, metadata={"help": "tokens drafted ahead in async mode"})
+    draft_threads: int = field(default=1, metadata={"help": "torch threads of the drafting thread"})
+    verify_threads: int = field(default=0, metadata={"help": "torch threads while overlapped (0: the rest)"})
+    async_min_acceptance: float = field(
+        default=0.0, metadata={"help": "draft ahead only above this chain acceptance rate"}
+    )
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("sync", "async"):
+            raise ValueError(f"talon: mode must be 'sync' or 'async', got {self.mode!r}")
+        if self.retrieval is None and not self.drafter:
+            raise ValueError("talon: both halves are off (retrieval is null and drafter is empty)")
+        if self.draft_threads < 1 or self.verify_threads < 0 or self.draft_ahead < 0:
+            raise ValueError("talon: draft_threads >= 1, verify_threads >= 0 and draft_ahead >= 0")

@@ -1,0 +1,131 @@
+from __future__ import annotations
+
+from hf_spec.methods.base import Drafter, RoundResult, SpecState
+from hf_spec.methods.early_exit.config import EarlyExitConfig
+from hf_spec.methods.retrieval.config import RetrievalConfig
+from hf_spec.methods.retrieval.retriever import Retriever
+from hf_spec.methods.talon.chain import ExitChain
+from hf_spec.methods.talon.config import TalonConfig
+from hf_spec.methods.talon.overlap import DraftWorker
+from hf_spec.models.layers import decoder_parts
+from hf_spec.registry import get_method, parse_method
+from hf_spec.tree.buffers import DraftTree
+from hf_spec.tree.fusion import fuse_trees, fused_path
+
+
+class TalonDrafter(Drafter):
+    """Hybrid drafting: model tree (first) fused with the retrieval tree; see `TalonConfig`.
+
+    Per round (sync):   retrieval tree | model chain -> fuse -> verify
+    Per round (async):  retrieval tree | model chain (already drafted ahead when the guess held) -> fuse ->
+                        start drafting the next block on the worker -> the loop verifies meanwhile
+    """
+
+    config: TalonConfig
+
+    def __init__(self, config: TalonConfig, model, tokenizer=None) -> None:
+        super().__init__(config, model, tokenizer)
+        self.retriever = (
+            Retriever(RetrievalConfig.from_dict(config.retrieval), model, tokenizer)
+            if config.retrieval is not None
+            else None
+        )
+        self.chain: ExitChain | None = None
+        self.sub: Drafter | None = None
+        self.chain_len = 0
+        if config.drafter:
+            sub_config = parse_method(config.drafter)
+            if isinstance(sub_config, EarlyExitConfig):
+                layers = decoder_parts(model).num_layers
+                layer = sub_config.exit_layer or max(1, round(0.75 * layers))
+                self.chain = ExitChain(model, layer, min_confidence=sub_config.min_confidence)
+                self.chain_len = sub_config.num_draft_tokens
+            else:
+                if config.mode == "async":
+                    raise ValueError(
+                        f"talon async mode needs a drafter with its own state (early-exit), not {config.drafter!r}"
+                    )
+                self.sub = get_method(sub_config.method).drafter_cls(sub_config, model, tokenizer)
+                self.requires_hidden_states = self.sub.requires_hidden_states
+        self.worker: DraftWorker | None = None
+        self._round: tuple[DraftTree, list[int]] | None = None  # sub-drafter's tree and its fused indices
+        self.rounds = {"model": 0, "ahead_kept": 0, "ahead_dropped": 0, "chain_full": 0}
+        self._chain_rate = 1.0  # running rate of fully accepted model chains (async switch)
+        self._last_chain: list[int] = []
+
+    # ---- lifecycle ---------------------------------------------------------------------------------
+    def begin(self, state: SpecState) -> None:
+        if self.chain is not None:
+            self.chain.begin(state.cache, state.input_ids[0].tolist())
+        if self.sub is not None:
+            self.sub.begin(state)
+        if self.config.mode == "async" and self.chain is not None:
+            self.worker = DraftWorker(self.config.draft_threads, self.config.verify_threads)
+        self._chain_rate = 1.0
+
+    def end(self, state: SpecState) -> None:
+        try:
+            if self.worker is not None:
+                self.worker.close()
+        finally:
+            self.worker = None
+            if self.chain is not None:
+                self.chain.end()
+            if self.sub is not None:
+                self.sub.end(state)
+            if self.retriever is not None:
+                self.retriever.finish(state.input_ids[0].cpu().numpy())
+
+    # ---- drafting ----------------------------------------------------------------------------------
+    def propose(self, state: SpecState, max_depth: int) -> DraftTree:
+        if self.worker is not None and self.worker.busy:
+            self.worker.result()  # the block drafted while the target verified (re-raises its error)
+        ret_tree, match = DraftTree.empty(), 0
+        if self.retriever is not None:
+            depth = min(self.retriever.config.num_draft_tokens, max_depth)
+            ret_tree, match = self.retriever.propose(state.input_ids[0].cpu().numpy(), depth)
+        use_model = self.chain is not None or self.sub is not None
+        if use_model and self.config.adaptive and self.retriever is not None:
+            use_model = match < self.retriever.config.strong_match
+        model_tree = self._model_tree(state, max_depth) if use_model else DraftTree.empty()
+        fused, model_map, _ = fuse_trees(model_tree, ret_tree)
+        self._round = (model_tree, model_map)
+        if use_model:
+            self.rounds["model"] += 1
+            if (
+                self.worker is not None
+                and len(model_tree)
+                and self._chain_rate >= self.config.async_min_acceptance
+            ):
+                ahead = self.config.draft_ahead or self.chain_len
+                n = len(model_tree) + 1 + ahead  # the chain, the guessed bonus, then the next block
+                self.worker.submit(lambda stop: self.chain.draft(n, stop))
+        return fused
+
+    def _model_tree(self, state: SpecState, max_depth: int) -> DraftTree:
+        if self.sub is not None:
+            return self.sub.propose(state, max_depth)
+        committed = state.input_ids[0].tolist()
+        had = len(self.chain.seq) - len(committed)  # tokens drafted ahead beyond the old commit
+        self.chain.sync(committed)
+        kept = len(self.chain.seq) - len(committed)
+        if had > 0 and self.worker is not None:
+            self.rounds["ahead_kept" if kept > 0 else "ahead_dropped"] += 1
+        self._last_chain = self.chain.draft(min(self.chain_len, max_depth))
+        return DraftTree.chain(self._last_chain)
+
+    def observe(self, state: SpecState, result: RoundResult) -> None:
+        model_tree, model_map = self._round or (DraftTree.empty(), [])
+        accepted = fused_path(model_map, result.accepted)
+        if self._last_chain and self.chain is not None and len(model_tree):
+            full = len(accepted) == len(model_tree)
+            self.rounds["chain_full"] += int(full)
+            self._chain_rate = 0.8 * self._chain_rate + 0.2 * float(full)
+        if self.sub is not None:
+            self.sub.observe(
+                state, RoundResult(model_tree, accepted, result.new_tokens, result.hidden_states)
+            )
+        self._last_chain = []
+
+
+__all__ = ["TalonDrafter"]
