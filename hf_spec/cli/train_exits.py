@@ -136,8 +136,18 @@ def run(args: argparse.Namespace) -> int:
 
 def _argv_of(args: argparse.Namespace) -> list[str]:
     out = ["--target", args.target, "--layers", args.layers, "--out", args.out]
-    defaults = {"rank": 64, "steps": 600, "batch_size": 256, "lr": 2e-3, "top_k": 32, "negatives": 1024,
-                "max_positions": 60000, "max_len": 384, "heldout": 24, "seed": 0}
+    defaults = {
+        "rank": 64,
+        "steps": 600,
+        "batch_size": 256,
+        "lr": 2e-3,
+        "top_k": 32,
+        "negatives": 1024,
+        "max_positions": 60000,
+        "max_len": 384,
+        "heldout": 24,
+        "seed": 0,
+    }
     for key, default in defaults.items():
         value = getattr(args, key)
         if value != default:

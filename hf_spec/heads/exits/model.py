@@ -62,7 +62,9 @@ class ExitHeads(nn.Module):
         )
 
     @classmethod
-    def for_target(cls, model: PreTrainedModel, layers: list[int], rank: int = 64, **config_kwargs) -> ExitHeads:
+    def for_target(
+        cls, model: PreTrainedModel, layers: list[int], rank: int = 64, **config_kwargs
+    ) -> ExitHeads:
         """Fresh (identity) heads for `model`, fingerprinted to it."""
         num_layers = decoder_parts(model).num_layers
         bad = [k for k in layers if not 0 < k < num_layers]
@@ -92,7 +94,10 @@ class ExitHeads(nn.Module):
         path = Path(folder)
         path.mkdir(parents=True, exist_ok=True)
         self.config.save(path)
-        state = {f"layers.{name}": t.detach().to(dtype).contiguous() for name, t in self.adapters.state_dict().items()}
+        state = {
+            f"layers.{name}": t.detach().to(dtype).contiguous()
+            for name, t in self.adapters.state_dict().items()
+        }
         save_file(state, str(path / WEIGHTS_NAME), metadata={"format": "pt"})
         return path
 

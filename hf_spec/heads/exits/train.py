@@ -1,13 +1,13 @@
 """Training exit heads by distillation from the target's last layer.
 
-    data     : training prompts with the target's own responses (never eval prompts)
-    features : one target forward per sequence -> the hidden states after each exit layer at the response
-               positions, and the teacher's top-K next-token distribution (full LM head, last layer)
-    loss     : soft cross-entropy of the exit's distribution against the teacher's top-K, both over a shared
-               candidate set per batch (the batch's teacher top-K tokens + random negatives), so the 150k-row LM
-               head of Qwen is never run in full while training
-    measure  : on held-out training sequences, how often each exit's argmax over the FULL vocabulary equals the
-               last layer's argmax, before (stock logit lens) and after training
+data     : training prompts with the target's own responses (never eval prompts)
+features : one target forward per sequence -> the hidden states after each exit layer at the response
+           positions, and the teacher's top-K next-token distribution (full LM head, last layer)
+loss     : soft cross-entropy of the exit's distribution against the teacher's top-K, both over a shared
+           candidate set per batch (the batch's teacher top-K tokens + random negatives), so the 150k-row LM
+           head of Qwen is never run in full while training
+measure  : on held-out training sequences, how often each exit's argmax over the FULL vocabulary equals the
+           last layer's argmax, before (stock logit lens) and after training
 """
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ def load_training_rows(path: str | os.PathLike) -> list[dict]:
                 continue
             row = json.loads(line)
             if not isinstance(row.get("prompt"), str) or not isinstance(row.get("response"), str):
-                raise ValueError(f"{path}:{line_no}: a response-cache row needs string 'prompt' and 'response'")
+                raise ValueError(
+                    f"{path}:{line_no}: a response-cache row needs string 'prompt' and 'response'"
+                )
             rows.append(row)
     if not rows:
         raise ValueError(f"{path} holds no training rows")
@@ -74,7 +76,10 @@ class Features:
 
     def save(self, path: Path) -> None:
         tensors = {f"hidden.{k}": v.contiguous() for k, v in self.hidden.items()}
-        tensors |= {"top_ids": self.top_ids.int().contiguous(), "top_probs": self.top_probs.half().contiguous()}
+        tensors |= {
+            "top_ids": self.top_ids.int().contiguous(),
+            "top_probs": self.top_probs.half().contiguous(),
+        }
         save_file(tensors, str(path))
 
     @classmethod
@@ -112,7 +117,9 @@ def extract_features(
     return Features({k: torch.cat(v) for k, v in hidden.items()}, torch.cat(top_ids), torch.cat(top_probs))
 
 
-def candidate_set(top_ids: torch.Tensor, vocab_size: int, negatives: int, generator: torch.Generator) -> torch.Tensor:
+def candidate_set(
+    top_ids: torch.Tensor, vocab_size: int, negatives: int, generator: torch.Generator
+) -> torch.Tensor:
     """Sorted unique token ids: the batch's teacher top-K plus `negatives` uniform random tokens."""
     extra = torch.randint(0, vocab_size, (negatives,), generator=generator)
     return torch.unique(torch.cat([top_ids.flatten(), extra]))
@@ -194,7 +201,13 @@ def train_heads(
         total = 0.0
         for k in heads.config.layers:
             loss = distill_loss(
-                model, heads, k, features.hidden[k][idx].float(), features.top_ids[idx], features.top_probs[idx], cand
+                model,
+                heads,
+                k,
+                features.hidden[k][idx].float(),
+                features.top_ids[idx],
+                features.top_probs[idx],
+                cand,
             )
             loss.backward()
             total += loss.item()
@@ -205,7 +218,15 @@ def train_heads(
             bar.set_postfix(loss=f"{history[-1]:.3f}")
         if ckpt is not None and ((step + 1) % save_every == 0 or step + 1 == steps):
             tmp = ckpt.with_suffix(".tmp")
-            torch.save({"step": step + 1, "heads": heads.state_dict(), "optim": opt.state_dict(), "history": history}, tmp)
+            torch.save(
+                {
+                    "step": step + 1,
+                    "heads": heads.state_dict(),
+                    "optim": opt.state_dict(),
+                    "history": history,
+                },
+                tmp,
+            )
             os.replace(tmp, ckpt)
     if bar is not None:
         bar.close()
@@ -233,7 +254,9 @@ def evaluate_heads(
             for name, hd in (("trained", heads), ("stock", None)):
                 hh = hd(k, h) if hd is not None else h
                 hits[name] += int((parts.lm_head(parts.norm(hh)).argmax(-1) == teacher).sum())
-                loss = distill_loss(model, hd, k, h, features.top_ids[s : s + chunk], features.top_probs[s : s + chunk], cand)
+                loss = distill_loss(
+                    model, hd, k, h, features.top_ids[s : s + chunk], features.top_probs[s : s + chunk], cand
+                )
                 losses[name] += float(loss) * h.shape[0]
         n = max(len(features), 1)
         result[k] = {
@@ -269,7 +292,9 @@ def extract_cached(
             part.save(tmp)
             os.replace(tmp, file)
         if set(part.hidden) != set(layers) or part.top_ids.shape[1] != top_k:
-            raise ValueError(f"{file} was extracted for other layers/top-k: delete {work_dir} or pick a new work dir")
+            raise ValueError(
+                f"{file} was extracted for other layers/top-k: delete {work_dir} or pick a new work dir"
+            )
         parts.append(part)
         if bar is not None:
             bar.update(min(chunk, len(sequences) - i))

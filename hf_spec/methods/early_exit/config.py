@@ -32,5 +32,7 @@ class EarlyExitConfig(MethodConfig):
     min_confidence: float = field(default=0.0, metadata={"help": "stop drafting below this probability"})
     exit_heads: str = field(
         default="",
-        metadata={"help": "exit-heads folder (`hf-spec train exits`); empty: the target's final norm + LM head"},
+        metadata={
+            "help": "exit-heads folder (`hf-spec train exits`); empty: the target's final norm + LM head"
+        },
     )

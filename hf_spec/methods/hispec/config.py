@@ -30,7 +30,9 @@ class HiSpecConfig(MethodConfig):
     num_buffer_tokens: int = field(default=4, metadata={"help": "N_i: buffered tokens per full verification"})
     exit_heads: str = field(
         default="",
-        metadata={"help": "exit-heads folder (`hf-spec train exits`); empty: the target's final norm + LM head"},
+        metadata={
+            "help": "exit-heads folder (`hf-spec train exits`); empty: the target's final norm + LM head"
+        },
     )
 
     def __post_init__(self) -> None:

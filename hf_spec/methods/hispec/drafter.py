@@ -151,7 +151,9 @@ class HiSpecDrafter(Drafter):
             h = run_layers(
                 self.parts, hidden, position_ids, state.cache, self.draft_layer, self.verify_layer, mask
             )
-            preds = self.exits.logits(self.verify_layer, h)[0].argmax(-1).tolist()  # preds[j] checks drafts[j]
+            preds = (
+                self.exits.logits(self.verify_layer, h)[0].argmax(-1).tolist()
+            )  # preds[j] checks drafts[j]
         matched = next((j for j in range(n) if preds[j] != drafts[j]), n)
         keep = min(matched + 1, n)  # positions [pending] + drafts[: keep - 1] have layer-L_i states now
         if rnd.held > rnd.past:  # the pending token was a real token (not the root): it joins the buffer
