@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         "train_sequences": len(kept),
         "train_positions": len(train_feats),
         "heldout_sequences": len(heldout),
-        "heldout_positions": len(held_feats),
+        "heldout_positions": min(len(held_feats), 2048),
         "top_k": args.top_k,
         "negatives": args.negatives,
         "steps": args.steps,

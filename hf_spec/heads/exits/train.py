@@ -236,29 +236,35 @@ def train_heads(
 
 @torch.no_grad()
 def evaluate_heads(
-    model: PreTrainedModel, heads: ExitHeads, features: Features, chunk: int = 256, seed: int = 0
+    model: PreTrainedModel,
+    heads: ExitHeads,
+    features: Features,
+    chunk: int = 256,
+    seed: int = 0,
+    max_positions: int = 2048,
 ) -> dict[int, dict[str, float]]:
     """Per exit layer on `features`: `agreement` (exit argmax over the full vocabulary == teacher argmax) and
-    `loss` (the training loss with 1024 negatives), for the trained heads and the stock logit lens."""
+    `loss` (the training loss with 1024 negatives), for the trained heads and the stock logit lens, over the first
+    `max_positions` positions (each costs a full LM-head row per layer and variant)."""
     parts = decoder_parts(model)
+    n_pos = min(len(features), max_positions)
     vocab = parts.lm_head.weight.shape[0]
     result: dict[int, dict[str, float]] = {}
     for k in heads.config.layers:
         hits = {"trained": 0, "stock": 0}
         losses = {"trained": 0.0, "stock": 0.0}
-        for s in range(0, len(features), chunk):
-            h = features.hidden[k][s : s + chunk].float()
-            teacher = features.top_ids[s : s + chunk, 0]
+        for s in range(0, n_pos, chunk):
+            e = min(s + chunk, n_pos)
+            h = features.hidden[k][s:e].float()
+            teacher = features.top_ids[s:e, 0]
             g = torch.Generator().manual_seed(seed + s)
-            cand = candidate_set(features.top_ids[s : s + chunk], vocab, 1024, g)
+            cand = candidate_set(features.top_ids[s:e], vocab, 1024, g)
             for name, hd in (("trained", heads), ("stock", None)):
                 hh = hd(k, h) if hd is not None else h
                 hits[name] += int((parts.lm_head(parts.norm(hh)).argmax(-1) == teacher).sum())
-                loss = distill_loss(
-                    model, hd, k, h, features.top_ids[s : s + chunk], features.top_probs[s : s + chunk], cand
-                )
+                loss = distill_loss(model, hd, k, h, features.top_ids[s:e], features.top_probs[s:e], cand)
                 losses[name] += float(loss) * h.shape[0]
-        n = max(len(features), 1)
+        n = max(n_pos, 1)
         result[k] = {
             "agreement": hits["trained"] / n,
             "stock_agreement": hits["stock"] / n,
