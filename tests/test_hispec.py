@@ -265,3 +265,42 @@ def test_name_colon_config_json_parses(tmp_path):
     assert parse_method(f"hispec:{path}") == cfg
     with pytest.raises(ValueError, match="not 'early-exit'"):
         parse_method(f"early-exit:{path}")
+
+
+def test_training_resumes_from_its_checkpoint(tmp_path):
+    """An interrupted run resumed from its checkpoint ends with the same weights as an uninterrupted one."""
+    model = make_tiny_model("qwen2", layers=4)
+    seqs = [
+        (model.generate(prompt_ids(6, seed=s), max_new_tokens=20, do_sample=False)[0], 5) for s in range(3)
+    ]
+    feats = extract_features(model, seqs, [1, 2], top_k=4)
+    kw = dict(steps=10, batch_size=16, lr=1e-2, negatives=8, save_every=5)
+
+    def fresh() -> ExitHeads:
+        torch.manual_seed(0)
+        return ExitHeads.for_target(model, [1, 2], rank=4)
+
+    full = fresh()
+    train_heads(model, full, feats, **kw)
+
+    class Interrupt:
+        def __init__(self, **_):
+            self.n = 0
+
+        def update(self, _):
+            self.n += 1
+            if self.n == 7:
+                raise KeyboardInterrupt
+
+        def set_postfix(self, **_):
+            pass
+
+    ckpt = tmp_path / "ckpt.pt"
+    with pytest.raises(KeyboardInterrupt):
+        train_heads(model, fresh(), feats, checkpoint=ckpt, progress=Interrupt, **kw)
+    assert torch.load(ckpt, weights_only=False)["step"] == 5
+    resumed = fresh()
+    history = train_heads(model, resumed, feats, checkpoint=ckpt, **kw)
+    assert len(history) == 10
+    for (name, a), b in zip(full.state_dict().items(), resumed.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, msg=name)
