@@ -304,3 +304,36 @@ def test_training_resumes_from_its_checkpoint(tmp_path):
     assert len(history) == 10
     for (name, a), b in zip(full.state_dict().items(), resumed.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b, msg=name)
+
+
+def test_draft_vocabulary(trained_heads, tmp_path):
+    """Exits restricted to the heads' draft vocabulary: saved and loaded with the heads, -inf elsewhere, argmax
+    equal to the full exit's wherever that argmax is in the vocabulary, and still lossless."""
+    model, heads, folder, *_ = trained_heads
+    with pytest.raises(ValueError, match="--draft-vocab"):
+        load_exit_lm(model, folder, draft_vocab=True)
+    vocab = torch.arange(3, 60)
+    with_vocab = ExitHeads.from_pretrained(folder, model)
+    with_vocab.set_draft_vocab(vocab)
+    with_vocab.save_pretrained(tmp_path / "v")
+    assert torch.equal(ExitHeads.from_pretrained(tmp_path / "v", model).draft_vocab, vocab)
+    full, sub = load_exit_lm(model, tmp_path / "v"), load_exit_lm(model, tmp_path / "v", draft_vocab=True)
+    h = torch.randn(1, 40, model.config.hidden_size)
+    lf, ls = full.logits(3, h), sub.logits(3, h)
+    assert bool(torch.isinf(ls[..., 60:]).all()) and torch.allclose(ls[..., 3:60], lf[..., 3:60], atol=1e-5)
+    inside = (lf.argmax(-1) >= 3) & (lf.argmax(-1) < 60)
+    assert torch.equal(ls.argmax(-1)[inside], lf.argmax(-1)[inside])
+    ids = prompt_ids(12, seed=12)
+    ref = model.generate(ids, max_new_tokens=30, do_sample=False)
+    for cfg in (
+        HiSpecConfig(draft_layer=2, verify_layer=4, exit_heads=str(tmp_path / "v"), draft_vocab=True),
+        EarlyExitConfig(exit_layer=3, exit_heads=str(tmp_path / "v"), draft_vocab=True),
+    ):
+        out = model.generate(ids, max_new_tokens=30, do_sample=False, custom_generate=SpeculativeDecoder(cfg))
+        assert torch.equal(out, ref)
+
+
+def test_frequent_tokens():
+    from hf_spec.heads.exits.train import frequent_tokens
+
+    assert frequent_tokens([[5, 5, 7], [7, 7, 9], [1]], 2, always=[0]).tolist() == [0, 5, 7]

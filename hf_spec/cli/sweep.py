@@ -31,6 +31,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     h.add_argument(
         "--exit-heads", default="", help="exit-heads folder (empty: the stock final norm + LM head)"
     )
+    h.add_argument(
+        "--draft-vocab",
+        action="store_true",
+        help="exits argmax over the heads' draft vocabulary (draft_vocab)",
+    )
     h.add_argument("--prompts", required=True, help="Spec-Bench style .jsonl (first turns are used)")
     h.add_argument("--limit", type=int, default=None)
     h.add_argument("--per-category", type=int, default=None)
@@ -65,7 +70,7 @@ def run_hispec(args: argparse.Namespace) -> int:
     from hf_spec.models import load_model
 
     grid = [
-        HiSpecConfig(d, i, args.num_draft_tokens, args.num_buffer_tokens, args.exit_heads)
+        HiSpecConfig(d, i, args.num_draft_tokens, args.num_buffer_tokens, args.exit_heads, args.draft_vocab)
         for d in args.draft_layers
         for i in args.verify_layers
         if d < i

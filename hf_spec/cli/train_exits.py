@@ -33,7 +33,18 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--negatives", type=int, default=1024, help="random negative tokens per batch")
     p.add_argument("--max-positions", type=int, default=60000, help="training positions to extract at most")
     p.add_argument("--max-len", type=int, default=384, help="tokens per sequence at most")
-    p.add_argument("--heldout", type=int, default=24, help="sequences held out to measure agreement")
+    p.add_argument("--heldout", type=int, default=24, help="rows held out to measure agreement")
+    p.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=32768,
+        help="save the N most frequent training tokens as a draft vocabulary (exits may argmax over it); 0: none",
+    )
+    p.add_argument(
+        "--vocab-texts",
+        default="../shared/data/train/sharegpt_1000.json,../shared/data/train/alpaca_seed_tasks.jsonl",
+        help="comma list of training files whose texts count for the draft vocabulary (besides --data)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: runs beside benchmarks)")
     p.add_argument("--work-dir", default=None, help="features + checkpoint (default: <out>.work), resumable")
@@ -75,8 +86,8 @@ def run(args: argparse.Namespace) -> int:
 
     rows = load_training_rows(data)
     random.Random(args.seed).shuffle(rows)
-    sequences = tokenize_rows(tokenizer, rows, args.max_len)
-    heldout, train = sequences[: args.heldout], sequences[args.heldout :]
+    heldout = tokenize_rows(tokenizer, rows[: args.heldout], args.max_len)
+    train = tokenize_rows(tokenizer, rows[args.heldout :], args.max_len)
     kept, positions = [], 0
     for ids, start in train:
         if positions >= args.max_positions:
@@ -103,6 +114,11 @@ def run(args: argparse.Namespace) -> int:
         progress=tqdm,
     )
     measured = evaluate_heads(model, heads, held_feats)
+    coverage = None
+    if args.draft_vocab:
+        vocab = draft_vocabulary(tokenizer, rows[args.heldout :], args.vocab_texts, args.draft_vocab)
+        heads.set_draft_vocab(vocab)
+        coverage = float(torch.isin(held_feats.top_ids[:, 0], heads.draft_vocab).float().mean())
     command = "hf-spec train exits " + " ".join(shlex.quote(a) for a in _argv_of(args))
     heads.config.training = {
         "data": data,
@@ -123,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
         "train_seconds": t_fit,
         "machine": machine_info()["cpu"],
         "heldout": {str(k): v for k, v in measured.items()},
+        "draft_vocab_coverage": coverage,
         "command": command,
     }
     heads.save_pretrained(args.out)
@@ -132,6 +149,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"| {k} | {m['stock_agreement']:.3f} | {m['agreement']:.3f} |")
     print(f"wrote {args.out}")
     return 0
+
+
+def draft_vocabulary(tokenizer, rows: list[dict], vocab_texts: str, size: int):
+    """The `size` most frequent tokens of the response cache and the `vocab_texts` files, plus special tokens."""
+    from hf_spec.heads.exits.train import frequent_tokens, vocabulary_texts
+
+    texts = [r["prompt"] + r["response"] for r in rows]
+    for path in filter(None, vocab_texts.split(",")):
+        if Path(path).is_file():
+            texts += vocabulary_texts(path)
+    ids = [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
+    return frequent_tokens(ids, size, always=list(tokenizer.all_special_ids))
 
 
 def _argv_of(args: argparse.Namespace) -> list[str]:
@@ -146,6 +175,7 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
         "max_positions": 60000,
         "max_len": 384,
         "heldout": 24,
+        "draft_vocab": 32768,
         "seed": 0,
     }
     for key, default in defaults.items():

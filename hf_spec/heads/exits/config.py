@@ -22,6 +22,8 @@ class ExitHeadsConfig:
         hidden_size: the target's hidden size.
         rank: rank of each adapter's low-rank correction.
         rms_norm_eps: epsilon of the adapter's input normalisation.
+        draft_vocab_size: size of the draft vocabulary saved with the heads (the most frequent tokens of the
+            training data): exits may take their argmax over it only, which reads a fraction of the LM head.
         target: `hf_spec.models.fingerprint.target_fingerprint` of the target the heads were trained for.
         target_name: the name or path the target was loaded from (informative).
         training: what the trainer recorded (data, steps, losses, measured agreement, command).
@@ -31,6 +33,9 @@ class ExitHeadsConfig:
     hidden_size: int = field(default=0, metadata={"help": "the target's hidden size"})
     rank: int = field(default=64, metadata={"help": "rank of each adapter's low-rank correction"})
     rms_norm_eps: float = field(default=1e-6, metadata={"help": "epsilon of the adapter input norm"})
+    draft_vocab_size: int = field(
+        default=0, metadata={"help": "size of the saved draft vocabulary (frequent training tokens); 0: none"}
+    )
     target: dict[str, Any] = field(default_factory=dict, metadata={"help": "target fingerprint"})
     target_name: str = field(default="", metadata={"help": "target name or path (informative)"})
     training: dict[str, Any] = field(default_factory=dict, metadata={"help": "training record"})

@@ -60,6 +60,7 @@ class ExitHeads(nn.Module):
         self.adapters = nn.ModuleDict(
             {str(k): ExitAdapter(config.hidden_size, config.rank, config.rms_norm_eps) for k in config.layers}
         )
+        self.draft_vocab: torch.Tensor | None = None  # [draft_vocab_size] sorted token ids
 
     @classmethod
     def for_target(
@@ -98,6 +99,8 @@ class ExitHeads(nn.Module):
             f"layers.{name}": t.detach().to(dtype).contiguous()
             for name, t in self.adapters.state_dict().items()
         }
+        if self.draft_vocab is not None:
+            state["draft_vocab"] = self.draft_vocab.long().contiguous()
         save_file(state, str(path / WEIGHTS_NAME), metadata={"format": "pt"})
         return path
 
@@ -111,23 +114,44 @@ class ExitHeads(nn.Module):
         file = Path(folder) / WEIGHTS_NAME
         if not file.is_file():
             raise FileNotFoundError(f"no exit heads at {folder} (missing {WEIGHTS_NAME})")
-        state = {k.removeprefix("layers."): v.float() for k, v in load_file(str(file)).items()}
+        tensors = load_file(str(file))
+        vocab = tensors.pop("draft_vocab", None)
+        state = {k.removeprefix("layers."): v.float() for k, v in tensors.items()}
         missing, unexpected = heads.adapters.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise ValueError(f"{file} does not match its config: missing {missing}, unexpected {unexpected}")
+        heads.draft_vocab = vocab
         return heads.eval()
+
+    def set_draft_vocab(self, token_ids: torch.Tensor) -> None:
+        """Keep `token_ids` (any order, unique) as the draft vocabulary."""
+        self.draft_vocab = torch.unique(token_ids.long())
+        self.config.draft_vocab_size = int(self.draft_vocab.numel())
 
 
 class ExitLM:
     """The exit predictions of a target: its final norm and LM head read the (adapted) hidden state of layer `k`.
 
-    Without heads (`heads=None`), or for a layer the heads do not cover when `strict=False`, the final norm and
-    LM head read the raw hidden state (right for LayerSkip-style models trained to exit early).
+    Without heads (`heads=None`) the final norm and LM head read the raw hidden state (right for LayerSkip-style
+    models trained to exit early). With `draft_vocab`, only the LM-head rows of the heads' draft vocabulary are
+    computed (the other logits are -inf): a draft or an early check then costs a fraction of the LM head, and
+    misses the tokens outside that vocabulary. The final verification always uses the full LM head.
     """
 
-    def __init__(self, parts: DecoderParts, heads: ExitHeads | None = None) -> None:
+    def __init__(
+        self, parts: DecoderParts, heads: ExitHeads | None = None, draft_vocab: bool = False
+    ) -> None:
         self.parts = parts
         self.heads = heads
+        self.vocab: torch.Tensor | None = None  # [V'] token ids
+        self.vocab_weight: torch.Tensor | None = None  # [V', hidden_size] rows of the LM head
+        if draft_vocab:
+            if heads is None or heads.draft_vocab is None:
+                raise ValueError(
+                    "draft_vocab needs exit heads saved with a draft vocabulary (hf-spec train exits --draft-vocab N)"
+                )
+            self.vocab = heads.draft_vocab.to(parts.lm_head.weight.device)
+            self.vocab_weight = parts.lm_head.weight.detach()[self.vocab].contiguous()
 
     def check_layers(self, *layers: int) -> None:
         if self.heads is not None:
@@ -141,12 +165,20 @@ class ExitLM:
         """`hidden` `(1, q_len, hidden_size)` after `layer` layers -> logits `(1, q_len, vocab_size)`."""
         if self.heads is not None:
             hidden = self.heads(layer, hidden)
-        return self.parts.lm_head(self.parts.norm(hidden))
+        hidden = self.parts.norm(hidden)
+        if self.vocab is None:
+            return self.parts.lm_head(hidden)
+        sub = torch.nn.functional.linear(hidden, self.vocab_weight)  # [1, q_len, V']
+        logits = sub.new_full((*sub.shape[:-1], self.parts.lm_head.weight.shape[0]), float("-inf"))
+        logits[..., self.vocab] = sub
+        return logits
 
 
-def load_exit_lm(model: PreTrainedModel, heads_path: str | os.PathLike | None) -> ExitLM:
+def load_exit_lm(
+    model: PreTrainedModel, heads_path: str | os.PathLike | None, draft_vocab: bool = False
+) -> ExitLM:
     """`ExitLM` of `model` with the heads saved at `heads_path` (fingerprint-checked), or the stock exits."""
     heads = ExitHeads.from_pretrained(heads_path, model) if heads_path else None
     if heads is not None:
         heads.to(next(model.parameters()).dtype)
-    return ExitLM(decoder_parts(model), heads)
+    return ExitLM(decoder_parts(model), heads, draft_vocab)

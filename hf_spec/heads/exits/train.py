@@ -16,6 +16,7 @@ import json
 import math
 import os
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,34 @@ def tokenize_rows(tokenizer, rows: list[dict], max_len: int) -> list[tuple[torch
         if response and len(prompt) < len(ids):
             out.append((torch.tensor(ids, dtype=torch.long), len(prompt) - 1))
     return out
+
+
+def vocabulary_texts(path: str | os.PathLike) -> list[str]:
+    """Every text of a training file, for token frequencies: ShareGPT `.json` (all turns) or Alpaca-style
+    `.jsonl` (instruction, inputs, outputs)."""
+    path = Path(path)
+    if path.suffix == ".json":
+        return [t["value"] for row in json.loads(path.read_text()) for t in row.get("conversations", [])]
+    texts = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            texts.append(row.get("instruction", ""))
+            texts += [
+                v
+                for inst in row.get("instances", [])
+                for v in (inst.get("input", ""), inst.get("output", ""))
+            ]
+    return [t for t in texts if t]
+
+
+def frequent_tokens(token_lists: list[list[int]], size: int, always: list[int] = ()) -> torch.Tensor:
+    """Sorted ids of the `size` most frequent tokens of `token_lists`, plus `always` (e.g. special tokens)."""
+    counts: Counter = Counter()
+    for ids in token_lists:
+        counts.update(ids)
+    keep = {t for t, _ in counts.most_common(size)} | set(always)
+    return torch.tensor(sorted(keep), dtype=torch.long)
 
 
 @dataclass
@@ -340,6 +369,12 @@ def model_card(heads: ExitHeads, command: str) -> str:
         f"({t.get('threads')} thread(s), {t.get('machine', '')}).",
         "",
         "## Measured on held-out training sequences",
+        "",
+        f"Draft vocabulary: the {c.draft_vocab_size} most frequent tokens of the training rows (`draft_vocab` in the "
+        f"methods' configs); it holds the last layer's argmax at {t['draft_vocab_coverage']:.1%} of the held-out "
+        "positions."
+        if c.draft_vocab_size and t.get("draft_vocab_coverage") is not None
+        else "No draft vocabulary.",
         "",
         "Agreement = the exit's argmax over the full vocabulary equals the last layer's argmax (what a greedy "
         "draft needs).",

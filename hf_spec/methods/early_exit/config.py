@@ -21,6 +21,8 @@ class EarlyExitConfig(MethodConfig):
         min_confidence: stop the chain when the drafted token's probability falls below this (0 = never).
         exit_heads: folder of trained exit heads for this target (`hf-spec train exits`, checked against the
             target's fingerprint); empty = the stock final norm + LM head read the exit layer.
+        draft_vocab: exits compute only the LM-head rows of the heads' draft vocabulary (frequent training
+            tokens), a fraction of the LM head's cost; tokens outside it are never drafted.
     """
 
     method = "early-exit"
@@ -35,4 +37,7 @@ class EarlyExitConfig(MethodConfig):
         metadata={
             "help": "exit-heads folder (`hf-spec train exits`); empty: the target's final norm + LM head"
         },
+    )
+    draft_vocab: bool = field(
+        default=False, metadata={"help": "exits take their argmax over the heads' draft vocabulary only"}
     )

@@ -24,7 +24,7 @@ class EarlyExitDrafter(Drafter):
             raise ValueError(
                 f"exit_layer must be in [1, {self.parts.num_layers - 1}], got {config.exit_layer}"
             )
-        self.exits = load_exit_lm(model, config.exit_heads or None)
+        self.exits = load_exit_lm(model, config.exit_heads or None, config.draft_vocab)
         self.exits.check_layers(self.exit_layer)
 
     @torch.no_grad()

@@ -20,6 +20,8 @@ class HiSpecConfig(MethodConfig):
         num_buffer_tokens: N_i, tentatively accepted tokens buffered before the full model verifies them.
         exit_heads: folder of exit heads for this target (`hf-spec train exits`) with heads for L_d and L_i;
             empty: the target's own final norm + LM head read layers L_d and L_i (LayerSkip-style models).
+        draft_vocab: exits compute only the LM-head rows of the heads' draft vocabulary (frequent training
+            tokens), a fraction of the LM head's cost; tokens outside it are never drafted.
     """
 
     method = "hispec"
@@ -33,6 +35,9 @@ class HiSpecConfig(MethodConfig):
         metadata={
             "help": "exit-heads folder (`hf-spec train exits`); empty: the target's final norm + LM head"
         },
+    )
+    draft_vocab: bool = field(
+        default=False, metadata={"help": "exits take their argmax over the heads' draft vocabulary only"}
     )
 
     def __post_init__(self) -> None:

@@ -85,7 +85,7 @@ class HiSpecDrafter(Drafter):
                 f"hispec needs 0 < draft_layer < verify_layer < {depth} (the model's depth), got "
                 f"draft_layer={self.draft_layer}, verify_layer={self.verify_layer}"
             )
-        self.exits = load_exit_lm(model, config.exit_heads or None)
+        self.exits = load_exit_lm(model, config.exit_heads or None, config.draft_vocab)
         self.exits.check_layers(self.draft_layer, self.verify_layer)
         self.counts: Counter = Counter()
         self._round: HiSpecRound | None = None
