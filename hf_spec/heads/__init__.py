@@ -1,2 +1,1 @@
-"""Trained parts that plug into a target model: exit heads (and, later, draft heads), saved as Hub-style folders
-fingerprinted to their target."""
+"""Trained parts that ship as Hub-style folders: draft heads (EAGLE/HASS, Lyanna) and exit heads."""
