@@ -107,6 +107,9 @@ def run_hispec(args: argparse.Namespace) -> int:
             f"HiSpec speedup vs ar, {args.target}, N_d={args.num_draft_tokens}, N_i={args.num_buffer_tokens}",
         )
     pair = best_config(grid, summary) if summary else grid[0]
+    command = "hf-spec sweep hispec " + " ".join(shlex.quote(a) for a in sys.argv[3:])
+    if summary:  # written now too, so a run stopped during the size sweep keeps the grid
+        write_sweep(out, {"summary": summary, "best": config_label(pair), "command": command})
     sizes = [dataclasses.replace(pair, num_draft_tokens=n) for n in args.nd_values]
     sizes += [dataclasses.replace(pair, num_buffer_tokens=n) for n in args.ni_values]
     sizes = list({config_label(c): c for c in sizes}.values())
@@ -148,7 +151,7 @@ def run_hispec(args: argparse.Namespace) -> int:
             "summary": summary,
             "best": config_label(best),
             "best_config": best.to_dict(),
-            "command": "hf-spec sweep hispec " + " ".join(shlex.quote(a) for a in sys.argv[3:]),
+            "command": command,
         },
     )
     print((out / "sweep.md").read_text())
