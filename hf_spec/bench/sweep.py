@@ -101,7 +101,7 @@ def plot_heatmap(configs: list[HiSpecConfig], summary: dict, path: Path, title: 
     grid = torch.full((len(ds), len(vs)), float("nan"))
     for c in configs:
         grid[ds.index(c.draft_layer), vs.index(c.verify_layer)] = summary[config_label(c)]["speedup_vs_ar"]
-    fig, ax = plt.subplots(figsize=(1.0 + 0.8 * len(vs), 1.0 + 0.6 * len(ds)))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.5 + 0.8 * len(vs)), 1.5 + 0.6 * len(ds)))
     im = ax.imshow(grid.numpy(), cmap="viridis", origin="lower", aspect="auto")
     for i in range(len(ds)):
         for j in range(len(vs)):
