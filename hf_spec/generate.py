@@ -3,7 +3,7 @@
     prefill the prompt but its last token (the first root)
     repeat:
         tree   = drafter.propose(state)                      # draft
-        logits = target([root] + tree, 4D tree mask, cache)  # ONE target forward
+        logits = target([root] + tree, 4D tree mask, cache)  # ONE target forward (drafter.verify_forward)
         path, bonus = accept(tree, logits)                   # greedy or recursive rejection sampling
         commit path + bonus (cut at EOS / stop criteria / max length), stream them
         compact the KV cache to root + path                  # bonus becomes the next root
@@ -24,7 +24,6 @@ import torch
 from transformers import LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from hf_spec.kernels.skinny_linear import fast_linears
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
 from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
 from hf_spec.verify.acceptance import Acceptance, accept_greedy, accept_sampling
@@ -172,15 +171,8 @@ def speculative_generate(
             else:
                 position_ids = tree_position_ids(tree, past, device)
                 mask = tree_attention_mask(tree, past, model.dtype, device)
-            with fast_linears(model, enabled=len(tree) > 0):
-                out = model(
-                    input_ids=verify_ids,
-                    position_ids=position_ids,
-                    attention_mask=mask,
-                    past_key_values=cache,
-                    use_cache=True,
-                    output_hidden_states=want_hidden,
-                )
+            # the stock full target forward, unless the drafter continues one it began (HiSpec)
+            out = drafter.verify_forward(state, tree, verify_ids, position_ids, mask, want_hidden)
             logits = out.logits[0].float()  # [num_nodes + 1, vocab_size]
             t2 = time.perf_counter()
 

@@ -30,6 +30,7 @@ METHOD_SPECS = [
     "lyanna",
     "retrieval",
     "talon",
+    "hispec",
 ]
 
 

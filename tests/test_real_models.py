@@ -14,7 +14,7 @@ from hf_spec import SpeculativeDecoder
 from hf_spec.bench.runner import NEAR_TIE, encode_chat, first_divergence, top2_gap
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "eval"
-SPECS = ["pld", "early-exit:8", "oracle:8", "retrieval", "talon"]
+SPECS = ["pld", "early-exit:8", "oracle:8", "retrieval", "talon", "hispec"]
 
 
 def real_prompts(n: int) -> list[str]:

@@ -119,6 +119,9 @@ class Method:
         if self.decoder is not None:
             stats = self.decoder.last_stats.to_dict()
             row.update(tau=stats["tau"], draft_utilization=stats["draft_utilization"], stats=stats)
+            counts = getattr(self.decoder.drafter_for(self.model), "counts", None)  # e.g. HiSpec's rejections
+            if counts:
+                row["drafter_counts"] = dict(counts)
         else:  # ar: one forward per token; transformers' assisted loops: one per round
             row["tau"] = new / max(counter.count, 1)
         return out, row

@@ -71,4 +71,6 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
         out += ["--turns", args.turns]
     if args.check_lossless:
         out.append("--check-lossless")
+    if args.threads:
+        out += ["--threads", str(args.threads)]
     return out + ["--out", args.out]

@@ -10,6 +10,7 @@ import torch
 from transformers import Cache, GenerationConfig, PreTrainedModel
 
 from hf_spec.config import MethodConfig
+from hf_spec.kernels.skinny_linear import fast_linears
 from hf_spec.tree.buffers import DraftTree
 
 
@@ -81,6 +82,38 @@ class Drafter(ABC):
     @abstractmethod
     def propose(self, state: SpecState, max_depth: int) -> DraftTree:
         """Return a tree below the root `state.input_ids[0, -1]`, no deeper than `max_depth`."""
+
+    def verify_forward(
+        self,
+        state: SpecState,
+        tree: DraftTree,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        output_hidden_states: bool,
+    ):
+        """The verification forward of `[root] + tree`: the stock full target forward.
+
+        A drafter that already ran the target's first layers on the tree (HiSpec) overrides it to continue from
+        there. An override must return what the stock forward returns up to float rounding: `.logits` of shape
+        `(1, num_nodes + 1, vocab_size)` (and `.hidden_states` when `output_hidden_states`), and leave every layer
+        of `state.cache` holding the block `[root] + tree` at positions `[past, past + num_nodes + 1)`.
+
+        Args:
+            input_ids: `torch.LongTensor` of shape `(1, num_nodes + 1)`, `[root] + tree.tokens`.
+            position_ids: `torch.LongTensor` of shape `(1, num_nodes + 1)`.
+            attention_mask: additive 4D tree mask `(1, 1, num_nodes + 1, past + num_nodes + 1)`, `None` for a
+                chain (causal).
+        """
+        with fast_linears(state.model, enabled=len(tree) > 0):
+            return state.model(
+                input_ids=input_ids,
+                position_ids=position_ids,
+                attention_mask=attention_mask,
+                past_key_values=state.cache,
+                use_cache=True,
+                output_hidden_states=output_hidden_states,
+            )
 
     def observe(self, state: SpecState, result: RoundResult) -> None:  # noqa: B027 - optional hook
         """See what was verified; `state` already holds the new tokens."""

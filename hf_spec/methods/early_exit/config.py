@@ -19,6 +19,10 @@ class EarlyExitConfig(MethodConfig):
         num_draft_tokens: chain length.
         siblings: extra top-k alternatives per depth added as leaves.
         min_confidence: stop the chain when the drafted token's probability falls below this (0 = never).
+        exit_heads: folder of trained exit heads for this target (`hf-spec train exits`, checked against the
+            target's fingerprint); empty = the stock final norm + LM head read the exit layer.
+        draft_vocab: exits compute only the LM-head rows of the heads' draft vocabulary (frequent training
+            tokens), a fraction of the LM head's cost; tokens outside it are never drafted.
     """
 
     method = "early-exit"
@@ -28,3 +32,12 @@ class EarlyExitConfig(MethodConfig):
     num_draft_tokens: int = field(default=3, metadata={"help": "chain length"})
     siblings: int = field(default=0, metadata={"help": "extra top-k leaves per depth"})
     min_confidence: float = field(default=0.0, metadata={"help": "stop drafting below this probability"})
+    exit_heads: str = field(
+        default="",
+        metadata={
+            "help": "exit-heads folder (`hf-spec train exits`); empty: the target's final norm + LM head"
+        },
+    )
+    draft_vocab: bool = field(
+        default=False, metadata={"help": "exits take their argmax over the heads' draft vocabulary only"}
+    )

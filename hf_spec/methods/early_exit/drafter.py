@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import torch
 
+from hf_spec.heads.exits.model import load_exit_lm
 from hf_spec.methods.base import Drafter, SpecState
 from hf_spec.methods.common import chain_with_siblings
 from hf_spec.methods.early_exit.config import EarlyExitConfig
@@ -23,6 +24,8 @@ class EarlyExitDrafter(Drafter):
             raise ValueError(
                 f"exit_layer must be in [1, {self.parts.num_layers - 1}], got {config.exit_layer}"
             )
+        self.exits = load_exit_lm(model, config.exit_heads or None, config.draft_vocab)
+        self.exits.check_layers(self.exit_layer)
 
     @torch.no_grad()
     def propose(self, state: SpecState, max_depth: int) -> DraftTree:
@@ -42,7 +45,7 @@ class EarlyExitDrafter(Drafter):
                 hidden = run_layers(
                     parts, parts.embed_tokens(token), position_ids, state.cache, 0, self.exit_layer
                 )
-                logits = parts.lm_head(parts.norm(hidden))[0, -1].float()
+                logits = self.exits.logits(self.exit_layer, hidden)[0, -1].float()
                 top = torch.topk(logits, cfg.siblings + 1)
                 chain.append(int(top.indices[0]))
                 siblings.append(top.indices[1:].tolist())

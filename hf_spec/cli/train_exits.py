@@ -1,0 +1,187 @@
+"""`hf-spec train exits`: exit heads for early-exit and HiSpec self-speculation (see `hf_spec.heads.exits`)."""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shlex
+import sys
+from pathlib import Path
+
+from hf_spec.cli.common import set_threads
+
+DEFAULT_DATA = "../shared/data/train/responses/{target}.jsonl"
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "exits", help="fit light exit heads (adapter -> frozen final norm + LM head) by distillation"
+    )
+    p.add_argument("--target", required=True, help="known model name or local folder")
+    p.add_argument("--layers", required=True, help="comma list of exit layers, e.g. 4,8,12,16,20")
+    p.add_argument("--out", required=True, help="output folder (config.json, model.safetensors, README.md)")
+    p.add_argument(
+        "--data",
+        default=DEFAULT_DATA,
+        help="response cache .jsonl with 'prompt' and 'response' (training prompts only, never eval)",
+    )
+    p.add_argument("--rank", type=int, default=64, help="rank of each adapter's low-rank correction")
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--batch-size", type=int, default=256, help="positions per step")
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--top-k", type=int, default=32, help="teacher tokens kept per position")
+    p.add_argument("--negatives", type=int, default=1024, help="random negative tokens per batch")
+    p.add_argument("--max-positions", type=int, default=60000, help="training positions to extract at most")
+    p.add_argument("--max-len", type=int, default=384, help="tokens per sequence at most")
+    p.add_argument("--heldout", type=int, default=24, help="rows held out to measure agreement")
+    p.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=32768,
+        help="save the N most frequent training tokens as a draft vocabulary (exits may argmax over it); 0: none",
+    )
+    p.add_argument(
+        "--vocab-texts",
+        default="../shared/data/train/sharegpt_1000.json,../shared/data/train/alpaca_seed_tasks.jsonl",
+        help="comma list of training files whose texts count for the draft vocabulary (besides --data)",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: runs beside benchmarks)")
+    p.add_argument("--work-dir", default=None, help="features + checkpoint (default: <out>.work), resumable")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    from tqdm.auto import tqdm
+
+    from hf_spec.bench.runner import machine_info
+    from hf_spec.heads.exits.model import ExitHeads
+    from hf_spec.heads.exits.train import (
+        evaluate_heads,
+        extract_cached,
+        load_training_rows,
+        model_card,
+        timed,
+        tokenize_rows,
+        train_heads,
+    )
+    from hf_spec.models import load_model
+
+    set_threads(args.threads)
+    torch.manual_seed(args.seed)
+    try:
+        layers = sorted({int(x) for x in args.layers.split(",") if x.strip()})
+    except ValueError:
+        print(f"--layers must be a comma list of integers, got {args.layers!r}", file=sys.stderr)
+        return 2
+    data = args.data.format(target=Path(args.target).name)
+    if not Path(data).is_file():
+        print(f"no training data at {data} (pass --data)", file=sys.stderr)
+        return 2
+    model, tokenizer = load_model(args.target)
+    heads = ExitHeads.for_target(model, layers, rank=args.rank, target_name=Path(args.target).name)
+    work = Path(args.work_dir or f"{args.out.rstrip('/')}.work")
+
+    rows = load_training_rows(data)
+    random.Random(args.seed).shuffle(rows)
+    heldout = tokenize_rows(tokenizer, rows[: args.heldout], args.max_len)
+    train = tokenize_rows(tokenizer, rows[args.heldout :], args.max_len)
+    kept, positions = [], 0
+    for ids, start in train:
+        if positions >= args.max_positions:
+            break
+        kept.append((ids, start))
+        positions += ids.shape[0] - 1 - start
+
+    extract = dict(layers=layers, top_k=args.top_k, work_dir=work, progress=tqdm)
+    (train_feats, t_train), (held_feats, t_held) = (
+        timed(extract_cached, model, kept, name="train", **extract),
+        timed(extract_cached, model, heldout, name="heldout", **extract),
+    )
+    history, t_fit = timed(
+        train_heads,
+        model,
+        heads,
+        train_feats,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+        negatives=args.negatives,
+        checkpoint=work / "checkpoint.pt",
+        progress=tqdm,
+    )
+    measured = evaluate_heads(model, heads, held_feats)
+    coverage = None
+    if args.draft_vocab:
+        vocab = draft_vocabulary(tokenizer, rows[args.heldout :], args.vocab_texts, args.draft_vocab)
+        heads.set_draft_vocab(vocab)
+        coverage = float(torch.isin(held_feats.top_ids[:, 0], heads.draft_vocab).float().mean())
+    command = "hf-spec train exits " + " ".join(shlex.quote(a) for a in _argv_of(args))
+    heads.config.training = {
+        "data": data,
+        "train_sequences": len(kept),
+        "train_positions": len(train_feats),
+        "heldout_sequences": len(heldout),
+        "heldout_positions": min(len(held_feats), 2048),
+        "top_k": args.top_k,
+        "negatives": args.negatives,
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "seed": args.seed,
+        "threads": args.threads,
+        "first_loss": history[0] if history else float("nan"),
+        "last_loss": sum(history[-20:]) / max(len(history[-20:]), 1),
+        "extract_seconds": t_train + t_held,
+        "train_seconds": t_fit,
+        "machine": machine_info()["cpu"],
+        "heldout": {str(k): v for k, v in measured.items()},
+        "draft_vocab_coverage": coverage,
+        "command": command,
+    }
+    heads.save_pretrained(args.out)
+    (Path(args.out) / "README.md").write_text(model_card(heads, command))
+    print("| layer | stock agreement | trained agreement |")
+    for k, m in measured.items():
+        print(f"| {k} | {m['stock_agreement']:.3f} | {m['agreement']:.3f} |")
+    print(f"wrote {args.out}")
+    return 0
+
+
+def draft_vocabulary(tokenizer, rows: list[dict], vocab_texts: str, size: int):
+    """The `size` most frequent tokens of the response cache and the `vocab_texts` files, plus special tokens."""
+    from hf_spec.heads.exits.train import frequent_tokens, vocabulary_texts
+
+    texts = [r["prompt"] + r["response"] for r in rows]
+    for path in filter(None, vocab_texts.split(",")):
+        if Path(path).is_file():
+            texts += vocabulary_texts(path)
+    ids = [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
+    return frequent_tokens(ids, size, always=list(tokenizer.all_special_ids))
+
+
+def _argv_of(args: argparse.Namespace) -> list[str]:
+    out = ["--target", args.target, "--layers", args.layers, "--out", args.out]
+    defaults = {
+        "rank": 64,
+        "steps": 600,
+        "batch_size": 256,
+        "lr": 2e-3,
+        "top_k": 32,
+        "negatives": 1024,
+        "max_positions": 60000,
+        "max_len": 384,
+        "heldout": 24,
+        "draft_vocab": 32768,
+        "seed": 0,
+    }
+    for key, default in defaults.items():
+        value = getattr(args, key)
+        if value != default:
+            out += ["--" + key.replace("_", "-"), str(value)]
+    if args.data != DEFAULT_DATA:
+        out += ["--data", args.data]
+    return out
