@@ -5,12 +5,12 @@
 set -euo pipefail
 target=$1; kind=$2; shift 2
 case $target in
-  smollm2-135m-instruct) vocab=16384; epochs=6 ;;
-  qwen2.5-coder-0.5b-instruct) vocab=32768; epochs=8 ;;
+  smollm2-135m-instruct) vocab=16384; epochs=3 ;;
+  qwen2.5-coder-0.5b-instruct) vocab=32768; epochs=4 ;;
   *) echo "unknown target $target" >&2; exit 2 ;;
 esac
 common=(--target "$target" --cached-only --prompts ../shared/data/train/sharegpt_1000.json
-        --draft-vocab "$vocab" --epochs "$epochs" --threads "${THREADS:-1}")
+        --draft-vocab "$vocab" --epochs "$epochs" --threads "${THREADS:-2}")
 case $kind in
   hass) exec hf-spec train eagle "${common[@]}" --align-steps 3 --topk 10 --out "model_cards/hass-$target" "$@" ;;
   eagle) exec hf-spec train eagle "${common[@]}" --align-steps 1 --out "model_cards/eagle-$target" "$@" ;;

@@ -53,11 +53,17 @@ def add_common_train_args(parser: argparse.ArgumentParser, draft_vocab: int = 32
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--heldout", type=int, default=16, help="conversations held out for evaluation")
     parser.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps")
+    parser.add_argument(
+        "--precision",
+        choices=("auto", "bf16", "fp32"),
+        default="auto",
+        help="matmul precision (auto: bf16 autocast where the hardware has native bf16, else fp32)",
+    )
     parser.add_argument("--checkpoint-dir", help="default: $HF_SPEC_CACHE/runs/<out folder name>")
 
 
 def common_train_config(args: argparse.Namespace) -> dict:
-    keys = ("draft_vocab", "epochs", "lr", "batch_tokens", "max_len", "seed", "heldout", "save_every")
+    keys = ("draft_vocab", "epochs", "lr", "batch_tokens", "max_len", "seed", "heldout", "save_every", "precision")
     optional = ("feature_weight", "ce_weight")  # None: the method's default
     return {key: getattr(args, key) for key in keys} | {
         key: getattr(args, key) for key in optional if getattr(args, key) is not None

@@ -72,6 +72,9 @@ class HeadTrainConfig:
     epochs: passes over the data. batch_tokens: padded tokens per batch. max_len: longest sequence kept.
     heldout: conversations held out for the evaluation. init_from_last_layer: warm-start the head's layer from
     the target's last layer.
+    precision: "bf16" (autocast matmuls; master weights, softmax and losses stay fp32), "fp32", or "auto" (bf16
+    where the hardware multiplies bf16 natively: CUDA, or a CPU with AMX / AVX512-BF16). Measured on the 2-core
+    Xeon (AMX): SmolLM2-135M EAGLE step 650 -> 2,000 tokens/s, Qwen2.5-0.5B (32K draft vocabulary) ~650 tokens/s.
     Defaults measured on SmolLM2-135M (150 conversations, 3 epochs, held-out top-1): EAGLE's own weighting (feature
     1.0, CE 0.1, lr 3e-4) with the layer warm-started reached 0.05; CE 1.0 / feature 0.1 at lr 1e-3 from a fresh
     layer reached 0.16 - with little data the distribution term has to lead.
@@ -92,7 +95,20 @@ class HeadTrainConfig:
     save_every: int = 50
     heldout: int = 16
     init_from_last_layer: bool = False
+    precision: str = "auto"
     extra: dict = field(default_factory=dict)
+
+
+def autocast_dtype(precision: str) -> torch.dtype | None:
+    """The autocast dtype for `precision` ("auto" | "bf16" | "fp32"); None = no autocast."""
+    if precision not in ("auto", "bf16", "fp32"):
+        raise ValueError(f"precision must be auto, bf16 or fp32, got {precision!r}")
+    if precision == "fp32":
+        return None
+    if precision == "bf16" or torch.cuda.is_available():
+        return torch.bfloat16
+    native = torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
+    return torch.bfloat16 if native else None
 
 
 def split_heldout(sequences: list[dict], count: int) -> tuple[list[dict], list[dict]]:
@@ -164,6 +180,7 @@ def train_head(
         step, extra = checkpoint.load(head, optimizer, scheduler)
         head.attach_target(target)
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    device, amp = accelerator.device.type, autocast_dtype(cfg.precision)
     head, optimizer = accelerator.prepare(head, optimizer)
     head.train()
 
@@ -180,7 +197,8 @@ def train_head(
         epoch, index = divmod(step, steps_per_epoch)
         batch_ids = epoch_batches(lengths, cfg.batch_tokens, cfg.seed, epoch)[index]
         batch = collate([train_set[i] for i in batch_ids], cfg.max_len)
-        loss, accs, parts = step_fn(head, batch, cfg, t2d)
+        with torch.autocast(device, dtype=amp or torch.bfloat16, enabled=amp is not None):
+            loss, accs, parts = step_fn(head, batch, cfg, t2d)
         optimizer.zero_grad(set_to_none=True)
         accelerator.backward(loss)
         accelerator.clip_grad_norm_(params, cfg.clip)
