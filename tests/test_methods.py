@@ -15,7 +15,15 @@ from hf_spec.methods.draft_model.drafter import DraftModelDrafter
 from hf_spec.methods.pld.ngram_matcher import find_continuations
 from tests.conftest import make_tiny_model, prompt_ids
 
-METHOD_SPECS = ["pld", "pld:3", "early-exit:1", "early-exit:3", "oracle:6", "draft-model"]
+METHOD_SPECS = [
+    "pld",
+    "pld:3",
+    "early-exit:1",
+    "early-exit:3",
+    "oracle:6",
+    "draft-model",
+    "postuse:early-exit:2",
+]
 
 
 def decoder_for(spec: str, model) -> SpeculativeDecoder:

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from hf_spec.config import MethodConfig
 
@@ -44,8 +43,10 @@ class PostUseConfig(MethodConfig):
         benefit_buckets: buckets of the expected benefit (product of draft confidences) in the state.
         target_cost: one target call in draft-call units for the reward; 0 = measured online (EMA of the
             wall time of draft calls and of verification rounds).
-        reward: `"useful"`: useful tokens (paper Eq. 7: draft tokens the target agrees with, also after the
-            first mismatch); `"accepted"`: accepted draft tokens only.
+        reward: the tokens eta counts: `"useful"` (paper Eq. 7: draft tokens the target agrees with, also
+            after the first mismatch), `"accepted"` (accepted draft tokens) or `"committed"` (accepted + the
+            bonus token: tokens per unit cost, i.e. speed; the choice when a draft call costs about as much as
+            a target call, where the flat paper reward cannot tell draft lengths apart).
         warmup_rounds: first rounds of a fresh table that draft to `max_draft_length` (every position a trial).
         q_table: JSON Q-table to start from (`hf-spec train postuse` writes one); "" = initial values.
         freeze: no Q updates and no exploration (reproducible runs with a learned table).
@@ -55,7 +56,7 @@ class PostUseConfig(MethodConfig):
     method = "postuse"
     main_arg = "drafter"
 
-    drafter: Any = field(
+    drafter: str | dict = field(
         default="early-exit", metadata={"help": "wrapped drafter: method spec or config dict"}
     )
     draft_length: int = field(default=3, metadata={"help": "fixed draft length without precut"})
@@ -79,15 +80,17 @@ class PostUseConfig(MethodConfig):
     init_stop: float = field(default=0.0, metadata={"help": "initial Q(STOP)"})
     benefit_buckets: int = field(default=10, metadata={"help": "expected-benefit buckets"})
     target_cost: float = field(default=0.0, metadata={"help": "target call in draft calls (0: measured)"})
-    reward: str = field(default="useful", metadata={"help": "'useful' (paper) or 'accepted' tokens"})
+    reward: str = field(default="useful", metadata={"help": "'useful' (paper), 'accepted' or 'committed'"})
     warmup_rounds: int = field(default=0, metadata={"help": "rounds drafting to max_draft_length"})
     q_table: str = field(default="", metadata={"help": "JSON Q-table to load"})
     freeze: bool = field(default=False, metadata={"help": "no Q updates, no exploration"})
     seed: int = field(default=0, metadata={"help": "exploration seed"})
 
     def __post_init__(self) -> None:
-        if self.reward not in ("useful", "accepted"):
-            raise ValueError(f"postuse reward must be 'useful' or 'accepted', got {self.reward!r}")
+        if self.reward not in ("useful", "accepted", "committed"):
+            raise ValueError(
+                f"postuse reward must be 'useful', 'accepted' or 'committed', got {self.reward!r}"
+            )
         for name in ("draft_length", "max_draft_length", "phrase_length", "pool_size", "phrases_per_anchor"):
             if getattr(self, name) < 1:
                 raise ValueError(f"postuse {name} must be >= 1, got {getattr(self, name)}")

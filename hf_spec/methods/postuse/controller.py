@@ -13,6 +13,9 @@ Warm-up (as in the paper): every drafted position of every round is a virtual ST
 the next drafted position a CONTINUE trial, so one verification updates the whole trajectory. STOP trials
 are applied first, then CONTINUE trials from the deepest state up, so values flow back in one round.
 Q starts with CONTINUE slightly above STOP (`init_continue` > `init_stop`): an unexplored state keeps drafting.
+Start both near the typical reward (e.g. -0.5 / -0.49 when a draft call costs about a target call): values far
+above every reward make every unexplored state look better than any explored one, so the table keeps drafting
+to `max_calls` until all of them have been visited. At `max_calls` only STOP is open.
 """
 
 from __future__ import annotations
@@ -91,8 +94,13 @@ class PreCutController:
             q[STOP] += a * (r - q[STOP])
         for t in range(len(states) - 2, -1, -1):
             q = self.q(states[t])
-            q[CONTINUE] += a * (g * max(self.value(states[t + 1])) - q[CONTINUE])
+            q[CONTINUE] += a * (g * self.best(states[t + 1]) - q[CONTINUE])
         self.updates += 1
+
+    def best(self, state: tuple[int, int]) -> float:
+        """max_a Q(s, a) over the actions open in `state`: at `max_calls` only STOP."""
+        q_cont, q_stop = self.value(state)
+        return q_stop if state[0] >= self.max_calls else max(q_cont, q_stop)
 
     # ---- persistence ------------------------------------------------------------------------------
     def to_dict(self) -> dict:

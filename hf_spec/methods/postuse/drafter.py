@@ -180,7 +180,6 @@ class PostUseDrafter(Drafter):
                 step = inner.draft_step(feed, branches)
                 new, rows, kept = self._take(step, branches)
                 self._draft_time(time.perf_counter() - t0)
-                self.stats.draft_calls += 1
                 self.stats.reused_at_draft += kept
                 new = new[:room]
                 chain += new
@@ -263,6 +262,7 @@ class PostUseDrafter(Drafter):
         st = self.stats
         st.rounds += 1
         st.chain_tokens += len(rnd.chain_nodes)
+        st.draft_calls += len(rnd.call_ends)
         st.chain_accepted += n_accepted
         st.chain_useful += sum(agree)
         st.cache_accepted += sum(1 for i in result.accepted if i >= rnd.grafted_from)
@@ -306,15 +306,16 @@ class PostUseDrafter(Drafter):
         return [tokens[n] == preds[parents[n] + 1] for n in rnd.chain_nodes]
 
     def _rewards(self, rnd: _Round, agree: list[bool]) -> list[float]:
-        """r_t = eta_t - 1 for stopping after call t: useful (or accepted) tokens of the first t calls over
-        their cost, t draft calls + one target call."""
+        """r_t = eta_t - 1 for stopping after call t: useful (or accepted, or committed) tokens of the first t
+        calls over their cost, t draft calls + one target call."""
         cost_target = self.target_cost
         rewards = []
         for t, end in enumerate(rnd.call_ends, start=1):
             if self.config.reward == "useful":
                 gained = sum(agree[:end])
-            else:
+            else:  # the accepted prefix (+ the bonus token for "committed")
                 gained = next((i for i, ok in enumerate(agree[:end]) if not ok), end)
+                gained += self.config.reward == "committed"
             rewards.append(gained / (t + cost_target) - 1.0)
         return rewards
 
