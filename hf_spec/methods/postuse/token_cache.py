@@ -18,12 +18,13 @@ Example (beta = 3)::
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 
 
 class TokenCache:
-    """Bounded anchor -> LIFO phrase stacks. Pure Python; every operation touches one stack (plus an O(pool)
-    scan when an anchor is evicted)."""
+    """Bounded anchor -> LIFO phrase stacks. Pure Python; every operation touches one stack; the least-used
+    anchor comes from a heap of `(uses, last use, anchor)` with stale entries skipped (O(log pool))."""
 
     def __init__(self, max_anchors: int = 1000, max_phrases: int = 20, phrase_length: int = 5) -> None:
         if max_anchors < 1 or max_phrases < 1 or phrase_length < 2:
@@ -35,6 +36,7 @@ class TokenCache:
         self._uses: dict[int, int] = {}
         self._last_use: dict[int, int] = {}
         self._clock = 0
+        self._heap: list[tuple[int, int, int]] = []  # (uses, last use, anchor); stale when they changed
 
     # ---- queries ----------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -88,12 +90,21 @@ class TokenCache:
         self._stacks.clear()
         self._uses.clear()
         self._last_use.clear()
+        self._heap.clear()
 
     def _touch(self, anchor: int) -> None:
         self._clock += 1
         self._uses[anchor] += 1
         self._last_use[anchor] = self._clock
+        heapq.heappush(self._heap, (self._uses[anchor], self._clock, anchor))
+        if len(self._heap) > 4 * self.max_anchors + 64:  # drop stale entries now and then
+            self._heap = [(self._uses[a], self._last_use[a], a) for a in self._stacks]
+            heapq.heapify(self._heap)
 
     def _evict_anchor(self) -> None:
-        victim = min(self._stacks, key=lambda a: (self._uses[a], self._last_use[a]))
-        del self._stacks[victim], self._uses[victim], self._last_use[victim]
+        """Remove the anchor with the fewest uses, the least recently used among those."""
+        while True:
+            uses, last, anchor = heapq.heappop(self._heap)
+            if self._last_use.get(anchor) == last:  # a live entry (every touch has its own clock value)
+                break
+        del self._stacks[anchor], self._uses[anchor], self._last_use[anchor]
