@@ -253,17 +253,22 @@ def _scorer(logits: torch.Tensor, input_ids: torch.Tensor, tree: DraftTree, proc
 def _streamer_from_generate_frame():
     """transformers' `generate` drops `streamer` before calling a callable `custom_generate` (5.x); read it
     back from that `generate` frame, the direct caller."""
+    return generate_frame_local("streamer")
+
+
+def generate_frame_local(name: str, max_hops: int = 6):
+    """A local variable of the nearest enclosing transformers `generate` call (None outside one)."""
     from transformers.generation.utils import GenerationMixin
 
     generate_code = inspect.unwrap(GenerationMixin.generate).__code__
     frame = inspect.currentframe()
     try:
-        for _ in range(4):
+        for _ in range(max_hops):
             frame = frame.f_back if frame is not None else None
             if frame is None:
                 return None
             if frame.f_code is generate_code:
-                return frame.f_locals.get("streamer")
+                return frame.f_locals.get(name)
         return None
     finally:
         del frame

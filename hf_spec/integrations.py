@@ -7,6 +7,7 @@ and `AssistantHandle.disable()` (or leaving the `with` block) restores it.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -16,6 +17,8 @@ from transformers.generation.candidate_generator import CandidateGenerator
 
 from hf_spec.config import MethodConfig
 from hf_spec.decoder import SpeculativeDecoder
+from hf_spec.generate import generate_frame_local
+from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
 from hf_spec.tree.buffers import DraftTree
 
@@ -31,29 +34,44 @@ class HfSpecCandidateGenerator(CandidateGenerator):
 
     That loop verifies one chain, so a tree is cut to its first branch (each node's first child). Proposals
     without `draft_probs` go out with `candidate_logits=None`, which transformers treats as deterministic.
+    Drafters that need the target's hidden states (EAGLE heads) get them through the loop's
+    `requires_model_outputs` / `model_kwargs_overrides` hooks: the first iteration proposes nothing so the target
+    prefills the prompt, and each round's hidden states reach the drafter at the next `get_candidates`.
     """
 
     requires_model_outputs = True
 
     def __init__(self, drafter: Drafter, model: PreTrainedModel, generation_config) -> None:
-        if drafter.requires_hidden_states:
-            raise ValueError(
-                f"{type(drafter).__name__} needs the target's hidden states; use loop='hf-spec' for it"
-            )
         self.drafter = drafter
         self.model = model
         self.generation_config = generation_config
-        self.model_kwargs_overrides: dict = {}
+        self.wants_hidden = drafter.requires_hidden_states
+        self.model_kwargs_overrides: dict = {"output_hidden_states": True} if self.wants_hidden else {}
         self.state: SpecState | None = None
         self.chain = DraftTree.empty()
+        self.last_round: tuple[int, list[int]] | None = (
+            None  # (num_matches, new tokens) awaiting hidden states
+        )
 
     def get_candidates(
         self, input_ids: torch.LongTensor, **kwargs
     ) -> tuple[torch.LongTensor, torch.Tensor | None]:
         cache = kwargs["model_kwargs"].get("past_key_values")
+        outputs = kwargs.get("model_outputs")
+        if self.wants_hidden and kwargs.get("is_first_iteration", self.state is None):
+            return input_ids, None  # let the target prefill the prompt: its hidden states come back next call
         if self.state is None:
-            self.state = SpecState(self.model, cache, input_ids, self.generation_config)
+            hidden = outputs.hidden_states[-1] if self.wants_hidden else None
+            self.state = SpecState(self.model, cache, input_ids, self.generation_config, hidden)
             self.drafter.begin(self.state)
+        elif self.last_round is not None:
+            num_matches, new_tokens = self.last_round
+            hidden = outputs.hidden_states[-1][:, : num_matches + 1] if self.wants_hidden else None
+            self.state.hidden_states = hidden
+            self.drafter.observe(
+                self.state, RoundResult(self.chain, list(range(num_matches)), new_tokens, hidden)
+            )
+        self.last_round = None
         self.state.input_ids, self.state.cache = input_ids, cache
         room = self.generation_config.max_length - input_ids.shape[1]
         tree = self.drafter.propose(self.state, max_depth=max(room - 1, 0))
@@ -65,10 +83,15 @@ class HfSpecCandidateGenerator(CandidateGenerator):
         return candidates, logits
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int):
+        if self.state is None:  # the prefill round of a hidden-state drafter
+            return
         new = input_ids.shape[1] - self.state.input_ids.shape[1]
+        new_tokens = input_ids[0, -new:].tolist()
         self.state.input_ids = input_ids
-        result = RoundResult(self.chain, list(range(num_matches)), input_ids[0, -new:].tolist())
-        self.drafter.observe(self.state, result)
+        if self.wants_hidden:  # observed at the next get_candidates, with this round's hidden states
+            self.last_round = (num_matches, new_tokens)
+        else:
+            self.drafter.observe(self.state, RoundResult(self.chain, list(range(num_matches)), new_tokens))
 
 
 def _first_branch(tree: DraftTree) -> DraftTree:
@@ -166,6 +189,18 @@ def generate_with_recipe(model: PreTrainedModel, recipe: str | dict, **generate_
     from hf_spec.registry import get_method
 
     data = json.loads(recipe) if isinstance(recipe, str) else dict(recipe)
-    config = get_method(data["method"]).config_cls.from_dict(data)
+    if data.get("head") == HEAD_IN_THIS_FOLDER:  # a head repo's own recipe: the head is the folder being run
+        folder = generate_frame_local("custom_generate")
+        if not isinstance(folder, (str, os.PathLike)):
+            raise ValueError(
+                "this recipe uses the head of the folder passed as custom_generate=; pass the folder path"
+            )
+        data["head"] = str(folder)
+    key = json.dumps(data, sort_keys=True)
+    if key not in _RECIPE_DECODERS:  # the head is loaded once, not at every call
+        _RECIPE_DECODERS[key] = SpeculativeDecoder(get_method(data["method"]).config_cls.from_dict(data))
     generate_kwargs = {k: v for k, v in generate_kwargs.items() if v is not None}
-    return model.generate(custom_generate=SpeculativeDecoder(config), **generate_kwargs)
+    return model.generate(custom_generate=_RECIPE_DECODERS[key], **generate_kwargs)
+
+
+_RECIPE_DECODERS: dict[str, SpeculativeDecoder] = {}

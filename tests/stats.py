@@ -26,3 +26,37 @@ def chi2_pvalue(observed: Counter, expected: dict, n: int, min_expected: float =
     if df <= 0:
         return 1.0
     return float(torch.special.gammaincc(torch.tensor(df / 2.0), torch.tensor(stat / 2.0)))
+
+
+def sampled_marginals_pvalues(
+    target, decoder_factory, loop: str = "hf-spec", n: int = 1000, seed: int = 2024
+):
+    """Sample `n` continuations of a fixed prompt through `decoder_factory()` in hf-spec's loop or transformers'
+    assisted loop; return (per-position chi-square p-values against the exact marginals, accepted draft tokens)."""
+    from tests.test_sampling import NEW, TEMP, TOP_P, exact_marginals
+
+    prompt = torch.tensor([[1, 5, 7, 3, 9]])
+    expected = exact_marginals(target, prompt)
+    decoder = decoder_factory()
+    kw = dict(max_new_tokens=NEW, do_sample=True, temperature=TEMP, top_p=TOP_P, top_k=0, pad_token_id=0)
+    counts = [Counter() for _ in range(NEW)]
+    accepted = 0
+    torch.manual_seed(seed)
+    handle = None
+    if loop == "transformers":
+        from hf_spec.integrations import enable_assistant
+
+        handle = enable_assistant(target, loop="transformers")
+    try:
+        for _ in range(n):
+            if loop == "transformers":
+                out = target.generate(prompt, assistant_model=decoder, eos_token_id=None, **kw)
+            else:
+                out = target.generate(prompt, custom_generate=decoder, eos_token_id=None, **kw)
+                accepted += decoder.last_stats.accepted_tokens
+            for pos, tok in enumerate(out[0, prompt.shape[1] :].tolist()):
+                counts[pos][tok] += 1
+    finally:
+        if handle is not None:
+            handle.disable()
+    return [chi2_pvalue(counts[pos], expected[pos], n) for pos in range(NEW)], accepted

@@ -10,8 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hf_spec import SpeculativeDecoder, list_methods
+from hf_spec.heads.eagle import EagleHeadConfig, EagleHeadModel
 from hf_spec.methods.draft_model.config import DraftModelConfig
 from hf_spec.methods.draft_model.drafter import DraftModelDrafter
+from hf_spec.methods.eagle import EagleConfig, EagleDrafter
 from hf_spec.methods.pld.ngram_matcher import find_continuations
 from tests.conftest import make_tiny_model, prompt_ids
 
@@ -22,6 +24,7 @@ METHOD_SPECS = [
     "early-exit:3",
     "oracle:6",
     "draft-model",
+    "eagle",
     "postuse:early-exit:2",
 ]
 
@@ -31,6 +34,13 @@ def decoder_for(spec: str, model) -> SpeculativeDecoder:
         draft = make_tiny_model("llama", seed=5, layers=2)
         return SpeculativeDecoder(
             DraftModelDrafter(DraftModelConfig(num_draft_tokens=4, siblings=2), model, draft_model=draft)
+        )
+    if spec == "eagle":  # an untrained head: drafts are poor, the output must still be exact
+        torch.manual_seed(0)
+        head = EagleHeadModel(EagleHeadConfig.for_target(model, 64))
+        head.init_layer_from(model)
+        return SpeculativeDecoder(
+            EagleDrafter(EagleConfig(depth=3, topk=3, total_tokens=8), model, head=head)
         )
     return SpeculativeDecoder(spec)
 

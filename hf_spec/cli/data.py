@@ -1,0 +1,80 @@
+"""`hf-spec data responses|features`: the training-data pipeline's steps, each cached and resumable."""
+
+from __future__ import annotations
+
+import argparse
+
+from hf_spec.cli.common import set_threads
+from hf_spec.training.data import DEFAULT_PROMPTS
+
+
+def add_data_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", required=True, help="target model: known name or local folder")
+    parser.add_argument(
+        "--prompts", action="append", help=f"training prompt files (default: {DEFAULT_PROMPTS})"
+    )
+    parser.add_argument(
+        "--seed-cache", help="JSONL of earlier answers by this target to import instead of generating"
+    )
+    parser.add_argument("--data-dir", help="where the cache lives (default: $HF_SPEC_CACHE/data/<target>)")
+    parser.add_argument("--limit", type=int, help="use the first N prompts of each file")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--threads", type=int, help="torch CPU threads")
+    parser.add_argument(
+        "--cached-only",
+        action="store_true",
+        help="use only answers already cached (or seeded); generate none",
+    )
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("data", help="build the training data of heads: target answers, features")
+    steps = parser.add_subparsers(dest="step", required=True)
+    responses = steps.add_parser("responses", help="generate (or import) the target's greedy answers")
+    add_data_args(responses)
+    responses.set_defaults(func=run_responses)
+    features = steps.add_parser("features", help="capture the target's features and top-K probabilities")
+    add_data_args(features)
+    features.add_argument("--topk", type=int, default=16, help="target probabilities kept per position")
+    features.set_defaults(func=run_features)
+
+
+def run_responses(args: argparse.Namespace) -> int:
+    from hf_spec.training.data import load_conversations
+
+    set_threads(args.threads)
+    _, _, convs = load_conversations(
+        args.target,
+        args.prompts,
+        args.seed_cache,
+        args.data_dir,
+        args.limit,
+        args.max_new_tokens,
+        args.batch_size,
+        generate=not args.cached_only,
+    )
+    tokens = sum(len(c.response_ids) for c in convs)
+    seeded = sum(c.source == "seed" for c in convs)
+    print(f"{len(convs)} conversations ({seeded} imported from the seed cache), {tokens} response tokens")
+    return 0
+
+
+def run_features(args: argparse.Namespace) -> int:
+    from hf_spec.training.data import load_conversations
+    from hf_spec.training.features import capture_features
+
+    set_threads(args.threads)
+    model, _, convs = load_conversations(
+        args.target,
+        args.prompts,
+        args.seed_cache,
+        args.data_dir,
+        args.limit,
+        args.max_new_tokens,
+        args.batch_size,
+        generate=not args.cached_only,
+    )
+    store = capture_features(model, convs, args.data_dir or None, target=args.target, topk=args.topk)
+    print(f"features: {store.num_tokens} tokens in {len(store.shards)} shards at {store.folder}")
+    return 0

@@ -1,0 +1,96 @@
+"""`hf-spec train eagle`: data (target answers + features, cached) -> EAGLE/HASS head -> Hub-style folder."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from hf_spec.cli.common import set_threads
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "eagle", help="train an EAGLE draft head (HASS with --topk and --align-steps)"
+    )
+    add_common_train_args(parser)
+    parser.add_argument("--align-steps", type=int, default=1, help="HASS context alignment steps (1 = EAGLE)")
+    parser.add_argument("--topk", type=int, default=0, help="HASS top-K distillation K (0 = off)")
+    parser.add_argument("--topk-weight", type=float, default=1.0, help="weight of the top-K loss")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from hf_spec.heads.eagle.train import EagleTrainConfig, train_eagle
+    from hf_spec.methods.eagle.config import EagleConfig
+
+    if args.align_steps < 1:
+        raise SystemExit("--align-steps must be >= 1")
+    cfg = EagleTrainConfig(
+        align_steps=args.align_steps,
+        topk=args.topk,
+        topk_weight=args.topk_weight,
+        **common_train_config(args),
+    )
+    kind = "HASS" if cfg.topk or cfg.align_steps > 1 else "EAGLE"
+    return train_and_save(args, cfg, train_eagle, EagleConfig, kind)
+
+
+def add_common_train_args(parser: argparse.ArgumentParser, draft_vocab: int = 32768) -> None:
+    from hf_spec.cli.data import add_data_args
+
+    add_data_args(parser)
+    parser.add_argument("--out", required=True, help="output folder (Hub-style head repo)")
+    parser.add_argument("--draft-vocab", type=int, default=draft_vocab, help="reduced draft vocabulary size")
+    parser.add_argument("--epochs", type=float, default=4.0)
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--batch-tokens", type=int, default=2048)
+    parser.add_argument("--max-len", type=int, default=1024)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--heldout", type=int, default=16, help="conversations held out for evaluation")
+    parser.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps")
+    parser.add_argument("--checkpoint-dir", help="default: $HF_SPEC_CACHE/runs/<out folder name>")
+
+
+def common_train_config(args: argparse.Namespace) -> dict:
+    keys = ("draft_vocab", "epochs", "lr", "batch_tokens", "max_len", "seed", "heldout", "save_every")
+    return {key: getattr(args, key) for key in keys}
+
+
+def train_and_save(args: argparse.Namespace, cfg, train_fn, recipe_cls, kind: str) -> int:
+    """Data (cached) -> features (cached) -> train (resumable) -> Hub-style folder with card and report."""
+    from hf_spec.heads.card import head_card
+    from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER, save_head_folder
+    from hf_spec.models.fetch import cache_root
+    from hf_spec.training.data import load_conversations
+    from hf_spec.training.features import capture_features
+
+    set_threads(args.threads)
+    model, _, convs = load_conversations(
+        args.target,
+        args.prompts,
+        args.seed_cache,
+        args.data_dir,
+        args.limit,
+        args.max_new_tokens,
+        args.batch_size,
+        generate=not args.cached_only,
+    )
+    store = capture_features(model, convs, args.data_dir, target=args.target)
+    wanted = {c.id for c in convs}
+    sequences = [s for s, cid in zip(store.load_sequences(), store.done, strict=True) if cid in wanted]
+    out = Path(args.out)
+    run_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else cache_root() / "runs" / out.resolve().name
+    head, report = train_fn(model, sequences, run_dir, cfg)
+    command = "hf-spec " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    report["command"] = command
+    head.config.training = report
+    card = head_card(kind, recipe_cls.method, Path(args.target).name, report, command)
+    save_head_folder(head, out, recipe_cls(head=HEAD_IN_THIS_FOLDER), card)
+    (out / "training_report.json").write_text(json.dumps(report, indent=1) + "\n")
+    print(
+        f"saved {kind} head to {out}: held-out accuracy by depth {report['heldout'].get('accuracy_by_depth')}"
+    )
+    return 0

@@ -1,0 +1,3 @@
+from hf_spec.heads.eagle.modeling import EagleHeadConfig, EagleHeadModel
+
+__all__ = ["EagleHeadConfig", "EagleHeadModel"]

@@ -1,0 +1,81 @@
+"""Saving a head as a folder shaped like a Hub model repo:
+
+config.json          with `auto_map`, so AutoModel.from_pretrained(folder, trust_remote_code=True) loads it
+model.safetensors    bf16 weights (the target's embedding / norm / LM head are never stored)
+configuration_hf_spec.py, modeling_hf_spec.py   thin re-exports of hf_spec's classes (need `pip install hf-spec`)
+custom_generate/generate.py   target.generate(..., custom_generate=folder, trust_remote_code=True)
+README.md            model card
+hf_spec_config.json  the decoding recipe (method + this head)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from hf_spec.config import MethodConfig
+
+_REEXPORT = '''"""Re-exports hf-spec's {kind} classes for `trust_remote_code` loading. Requires `pip install hf-spec`."""
+
+from {module} import {names}  # noqa: F401
+'''
+
+_GENERATE_PY = '''"""hf-spec decoding with the draft head of this folder, loaded by
+`target.generate(..., custom_generate=<this folder>, trust_remote_code=True)`. Requires `pip install hf-spec`."""
+
+from hf_spec.integrations import generate_with_recipe
+
+RECIPE = {recipe}
+
+
+def generate(model, **kwargs):
+    return generate_with_recipe(model, RECIPE, **kwargs)
+'''
+
+HEAD_IN_THIS_FOLDER = "."  # a recipe's head path meaning "the folder custom_generate was loaded from"
+
+
+def save_head_folder(head, folder: str | os.PathLike, recipe: MethodConfig, card: str) -> Path:
+    """Write `head` (a `DraftHeadModel`) and everything around it to `folder`."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    config_cls, model_cls = type(head.config), type(head)
+    head.config.auto_map = {
+        "AutoConfig": f"configuration_hf_spec.{config_cls.__name__}",
+        "AutoModel": f"modeling_hf_spec.{model_cls.__name__}",
+    }
+    head.config.architectures = [model_cls.__name__]
+    bf16 = type(head)(head.config)
+    bf16.load_state_dict(head.state_dict())
+    # a class once loaded through trust_remote_code is marked for auto-class export, and save_pretrained would then
+    # copy hf_spec's source files into the folder; the thin re-exports below are what the folder should hold
+    saved_marks = {
+        cls: cls.__dict__["_auto_class"] for cls in (config_cls, model_cls) if "_auto_class" in cls.__dict__
+    }
+    for cls in (config_cls, model_cls):
+        cls._auto_class = None
+    try:
+        bf16.to(torch.bfloat16).save_pretrained(folder, safe_serialization=True)
+    finally:
+        for cls in (config_cls, model_cls):
+            del cls._auto_class
+        for cls, mark in saved_marks.items():
+            cls._auto_class = mark
+    (folder / "configuration_hf_spec.py").write_text(
+        _REEXPORT.format(kind="config", module=config_cls.__module__, names=config_cls.__name__)
+    )
+    (folder / "modeling_hf_spec.py").write_text(
+        _REEXPORT.format(
+            kind="model", module=model_cls.__module__, names=f"{config_cls.__name__}, {model_cls.__name__}"
+        )
+    )
+    recipe.save_pretrained(folder)
+    (folder / "custom_generate").mkdir(exist_ok=True)
+    text = json.dumps(recipe.to_dict())
+    (folder / "custom_generate" / "generate.py").write_text(_GENERATE_PY.format(recipe=repr(text)))
+    (folder / "custom_generate" / "requirements.txt").write_text("hf-spec\n")
+    (folder / "README.md").write_text(card)
+    return folder

@@ -1,0 +1,3 @@
+from hf_spec.heads.lyanna.modeling import LyannaHeadConfig, LyannaHeadModel
+
+__all__ = ["LyannaHeadConfig", "LyannaHeadModel"]

@@ -1,0 +1,91 @@
+"""`hf-spec train lyanna`: L = alpha * MSE(h, H) + beta * CE(softmax(l'), softmax(L_target)), unrolled over the
+hidden-state chain: depth j at position t continues the head's own depth j-1 state at t-1 (no token input) and
+sees target features only of verified positions (the HASS alignment mask), as at decoding time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+from hf_spec.heads.eagle.losses import alignment_mask, soft_cross_entropy
+from hf_spec.heads.lyanna.modeling import LyannaHeadConfig, LyannaHeadModel
+from hf_spec.training.trainer import HeadTrainConfig, train_head
+
+
+@dataclass
+class LyannaTrainConfig(HeadTrainConfig):
+    """`HeadTrainConfig` (`align_steps` = chain depths unrolled, `feature_weight` = alpha, `ce_weight` = beta) plus
+    the head's `token_info_rank` (0: no token info) and `first_token_fusion` (ablations)."""
+
+    align_steps: int = 4
+    ce_weight: float = 1.0
+    token_info_rank: int = 64
+    first_token_fusion: bool = True
+
+
+def masked_mse(h: torch.Tensor, u: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    per_pos = F.mse_loss(h, u, reduction="none").mean(-1)
+    return (per_pos * mask).sum() / mask.sum().clamp(min=1)
+
+
+def lyanna_step(
+    head: LyannaHeadModel, batch: dict[str, torch.Tensor], cfg: LyannaTrainConfig, t2d: torch.Tensor
+):
+    """`(loss, accuracy per depth, loss parts)` of one batch, all chain depths unrolled in parallel."""
+    u = batch["features"]  # [B, T, H]
+    x = batch["input_ids"].long()
+    B, T = x.shape
+    n = T - 1
+    ok = batch["valid"] & batch["response_mask"].bool()
+    mask = torch.zeros(B, n)
+    mask[:, : n - 1] = ok[:, 2:].float()
+    f_in, ids, u_tgt = u[:, :-1], x[:, 1:], u[:, 1:]
+    position_ids = torch.arange(1, T).expand(B, n)
+    with torch.no_grad():
+        target_logits = head.draft_logits(u_tgt)
+        target_top1 = t2d[batch["topk_ids"][:, 1:, 0].long()]
+    cache = DynamicCache()
+    loss = torch.zeros(())
+    accs, parts = [], {"feature": 0.0, "ce": 0.0}
+    h = None
+    for j in range(1, cfg.align_steps + 1):
+        attn = alignment_mask(n, j)[None, None]
+        if j == 1:
+            h = head.first_step(f_in, ids, position_ids, attn, cache)
+            logits = head.draft_logits(h)
+            if not head.config.first_token_fusion:  # the bonus token enters through its token info only
+                logits = logits + head.token_info(ids)
+        else:
+            prev = torch.cat(
+                [h[:, :1], h[:, :-1]], dim=1
+            )  # the chain: depth j at t continues depth j-1 at t-1
+            h = head.next_step(prev, position_ids, attn, cache)
+            logits = head.draft_logits(h) + head.token_info(ids)  # l' = l + RMSNorm(E'(x_t))
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        m = mask.clone()
+        m[:, : j - 1] = 0
+        l_feat = masked_mse(h, u_tgt, m)
+        l_ce = soft_cross_entropy(logp, target_logits, m)
+        loss = loss + (cfg.feature_weight * l_feat + cfg.ce_weight * l_ce) / cfg.align_steps
+        parts["feature"] += l_feat.item() / cfg.align_steps
+        parts["ce"] += l_ce.item() / cfg.align_steps
+        with torch.no_grad():
+            accs.append(float(((logp.argmax(-1) == target_top1) * m).sum() / m.sum().clamp(min=1)))
+    return loss, accs, parts
+
+
+def train_lyanna(
+    target, sequences: list[dict], out: str | Path, cfg: LyannaTrainConfig, progress: bool = True
+):
+    """Train (or resume) a Lyanna head for `target`; returns `(head, report)`."""
+    config = LyannaHeadConfig.for_target(
+        target,
+        cfg.draft_vocab,
+        token_info_rank=cfg.token_info_rank,
+        first_token_fusion=cfg.first_token_fusion,
+    )
+    return train_head(target, LyannaHeadModel(config), sequences, out, cfg, lyanna_step, progress)

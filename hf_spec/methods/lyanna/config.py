@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from hf_spec.config import MethodConfig, read_config
+
+RESAMPLE_MODES = ("off", "separate", "fused")
+TOKEN_INFO_MODES = ("lowrank", "table", "off")
+
+
+@dataclass
+class LyannaConfig(MethodConfig):
+    """Lyanna decoding ("Make Every Draft Count: Hidden State based Speculative Decoding").
+
+    Args:
+        head: folder of a head saved by `hf-spec train lyanna`.
+        depth: chain length k (head layer steps per round; logits for all k in one LM-head call).
+        topk: children per kept node and nodes kept per level (Algorithm 1).
+        budget: verification budget B (nodes of the fresh tree).
+        resample: after a rejection, re-sample a subtree rooted at the bonus token from the same chain's
+            remaining logits (Algorithm 2): "off"; "separate" (verified alone next round, no fresh draft);
+            "fused" (merged into the next round's fresh tree: verification fusion).
+        resample_min_steps: r: re-sample only if more than r chain steps remain.
+        resample_budget: nodes of the re-sampled subtree kept for fusion.
+        token_info: "lowrank" (E_t W_1 W_2 per node), "table" (collapsed rows of the hot tokens), "off".
+        hot_tokens: source tokens that get token info (the most frequent; 0 = the whole draft vocabulary).
+    """
+
+    method: ClassVar[str] = "lyanna"
+    main_arg: ClassVar[str] = "head"
+
+    head: str = field(default="", metadata={"help": "Lyanna head folder"})
+    depth: int = field(default=6, metadata={"help": "chain length k"})
+    topk: int = field(default=4, metadata={"help": "children per node / nodes kept per level"})
+    budget: int = field(default=16, metadata={"help": "verification budget B of the fresh tree"})
+    resample: str = field(default="fused", metadata={"help": "off | separate | fused"})
+    resample_min_steps: int = field(default=1, metadata={"help": "r: re-sample if more than r steps remain"})
+    resample_budget: int = field(default=6, metadata={"help": "nodes of the re-sampled subtree"})
+    token_info: str = field(default="lowrank", metadata={"help": "lowrank | table | off"})
+    hot_tokens: int = field(
+        default=0, metadata={"help": "tokens with token info (0: whole draft vocabulary)"}
+    )
+
+    def __post_init__(self) -> None:
+        if self.resample not in RESAMPLE_MODES:
+            raise ValueError(f"lyanna: resample must be one of {RESAMPLE_MODES}, got {self.resample!r}")
+        if self.token_info not in TOKEN_INFO_MODES:
+            raise ValueError(f"lyanna: token_info must be one of {TOKEN_INFO_MODES}, got {self.token_info!r}")
+        if min(self.depth, self.topk, self.budget) < 1:
+            raise ValueError("lyanna: depth, topk and budget must be >= 1")
+
+    @classmethod
+    def from_cli_arg(cls, arg: str | None) -> LyannaConfig:
+        """`lyanna:<head folder>` or `lyanna:<config.json>`."""
+        if arg and os.path.isdir(arg) and os.path.exists(os.path.join(arg, "config.json")):
+            recipe = os.path.join(arg, "hf_spec_config.json")
+            data = read_config(recipe) if os.path.exists(recipe) else {}
+            data.pop("method", None)
+            return cls(**{**data, "head": arg})
+        return super().from_cli_arg(arg)

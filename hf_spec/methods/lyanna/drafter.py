@@ -1,0 +1,156 @@
+"""Lyanna drafting: one hidden-state chain per round, one LM-head call, trees by token-info sampling,
+re-sampling of rejected branches from the same chain, fused into the next verification."""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from hf_spec.heads.lyanna.modeling import LyannaHeadModel
+from hf_spec.kernels.skinny_linear import fast_linears, skinny_linear
+from hf_spec.methods.base import Drafter, RoundResult, SpecState
+from hf_spec.methods.eagle.drafter import causal_mask
+from hf_spec.methods.lyanna.config import LyannaConfig
+from hf_spec.methods.lyanna.token_tree import ScoredTree, fuse, prune, token_info_tree
+from hf_spec.training.features import unit_features
+from hf_spec.tree.buffers import DraftTree
+from hf_spec.verify.cache import cache_length, crop_cache
+
+
+def load_lyanna_head(path: str, target) -> LyannaHeadModel:
+    if not path:
+        raise ValueError(
+            "lyanna needs a head folder: lyanna:<folder> (train one with `hf-spec train lyanna`)"
+        )
+    try:
+        head = LyannaHeadModel.from_pretrained(path, dtype=torch.float32)
+    except OSError as err:
+        raise ValueError(f"cannot load a Lyanna head from {path!r}: {err}") from None
+    return head.eval().attach_target(target)
+
+
+class LyannaDrafter(Drafter):
+    requires_hidden_states = True
+    config: LyannaConfig
+
+    def __init__(
+        self, config: LyannaConfig, model, tokenizer=None, head: LyannaHeadModel | None = None
+    ) -> None:
+        super().__init__(config, model, tokenizer)
+        self.head = head.attach_target(model) if head is not None else load_lyanna_head(config.head, model)
+        self.norm = model.model.norm
+        self.token_info = self._token_info_fn()
+        self.cache = DynamicCache()
+        self.pending_features: list[torch.Tensor] = []
+        self.chain_logits: torch.Tensor | None = None  # [k, V_draft] raw logits of this round's chain
+        self.resampled: ScoredTree | None = None  # waiting to be verified next round
+        self.resample_count = 0
+
+    def _token_info_fn(self):
+        head, cfg = self.head, self.config
+        if cfg.token_info == "off" or not head.config.token_info_rank:
+            return None
+        vocab = head.parts.embed_tokens.weight.shape[0]
+        hot = head.d2t if cfg.hot_tokens <= 0 else head.d2t[: cfg.hot_tokens]
+        row_of = torch.full((vocab,), -1, dtype=torch.long)
+        row_of[hot] = torch.arange(len(hot))
+        if cfg.token_info == "table":  # collapsed: one row read per node
+            table = head.token_info_table(hot)  # [hot, V_draft]
+
+            def lookup(ids: torch.Tensor) -> torch.Tensor:
+                rows = row_of[ids]
+                return table[rows.clamp(min=0)] * (rows >= 0).unsqueeze(-1)
+
+            return lookup
+
+        def lowrank(ids: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                return head.token_info(ids) * (row_of[ids] >= 0).unsqueeze(-1)
+
+        return lowrank
+
+    # ---- committed positions (as in EAGLE: the head's cache is teacher-forced with target features) --------
+    def begin(self, state: SpecState) -> None:
+        if state.hidden_states is None or state.hidden_states.shape[1] != state.seq_len - 1:
+            raise ValueError("lyanna needs the target's hidden states of the prompt (requires_hidden_states)")
+        self.cache = DynamicCache()
+        self.pending_features = [unit_features(state.hidden_states[0], self.norm)]
+        self.chain_logits, self.resampled, self.resample_count = None, None, 0
+
+    def observe(self, state: SpecState, result: RoundResult) -> None:
+        self.pending_features.append(unit_features(result.hidden_states[0], self.norm))
+        self.resampled = None
+        if self.config.resample == "off" or self.chain_logits is None:
+            return
+        accepted_depth = len(result.accepted)  # the bonus token sits at depth accepted_depth + 1
+        remaining = self.chain_logits[accepted_depth + 1 :]  # levels after the bonus token
+        if (
+            remaining.shape[0] > self.config.resample_min_steps
+            and len(result.new_tokens) == accepted_depth + 1
+        ):
+            bonus = result.new_tokens[-1]
+            tree = token_info_tree(
+                remaining, self.token_info, self.head.d2t, self.config.topk, root_token=bonus
+            )
+            self.resampled = prune(tree, self.config.resample_budget)
+            self.resample_count += 1
+
+    def end(self, state: SpecState) -> None:
+        self.cache, self.pending_features, self.chain_logits, self.resampled = DynamicCache(), [], None, None
+
+    # ---- drafting ------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def propose(self, state: SpecState, max_depth: int) -> DraftTree:
+        cfg = self.config
+        if self.resampled is not None and cfg.resample == "separate":  # verify the re-sampled subtree alone
+            tree, self.resampled, self.chain_logits = self.resampled, None, None
+            return _to_draft_tree(tree, max_depth)
+        with fast_linears(self.head):
+            h_root = self._catch_up(state)
+            depth = min(cfg.depth, max_depth)
+            if depth <= 0:
+                return DraftTree.empty()
+            chain = self._chain(h_root, state.seq_len - 1, depth)  # [depth, H]
+            parts = self.head.parts
+            self.chain_logits = skinny_linear(
+                parts.norm(chain), parts.lm_weight
+            )  # ONE LM-head call: [depth, V]
+        tree = prune(token_info_tree(self.chain_logits, self.token_info, self.head.d2t, cfg.topk), cfg.budget)
+        if self.resampled is not None:  # verification fusion
+            tree = fuse(tree, self.resampled)
+            self.resampled = None
+        return _to_draft_tree(tree, max_depth)
+
+    def _catch_up(self, state: SpecState) -> torch.Tensor:
+        features = torch.cat(self.pending_features)
+        self.pending_features = []
+        past = cache_length(self.cache)
+        first = state.seq_len - features.shape[0]
+        if first != past + 1:
+            raise RuntimeError(f"lyanna head cache out of step: holds {past} positions, next is {first}")
+        ids = state.input_ids[:, first:]
+        positions = torch.arange(first, state.seq_len).view(1, -1)
+        h = self.head.first_step(
+            features[None], ids, positions, causal_mask(features.shape[0], past), self.cache
+        )
+        return h[0, -1]
+
+    def _chain(self, h_root: torch.Tensor, root_pos: int, depth: int) -> torch.Tensor:
+        """h_1..h_depth: each step one token through the layer, no token input; cropped after."""
+        committed = cache_length(self.cache)
+        states = [h_root]
+        try:
+            for step in range(1, depth):
+                position = torch.tensor([[root_pos + step]])
+                states.append(
+                    self.head.next_step(states[-1].view(1, 1, -1), position, None, self.cache)[0, 0]
+                )
+        finally:
+            crop_cache(self.cache, committed)
+        return torch.stack(states)
+
+
+def _to_draft_tree(tree: ScoredTree, max_depth: int) -> DraftTree:
+    return DraftTree(
+        torch.tensor(tree.tokens, dtype=torch.long), torch.tensor(tree.parents, dtype=torch.long)
+    ).truncate_depth(max_depth)

@@ -1,0 +1,116 @@
+"""Lyanna's draft trees from one hidden-state chain (pure functions).
+
+`level_logits` `(L, V_draft)` are the raw logits l_1..l_L of one chain; `token_info(ids)` returns the token-info
+bias RMSNorm(E'(t)) `(len(ids), V_draft)` for target ids.
+
+Algorithm 1 (token-info sampling), level by level: every kept node adds its token's info to the level's raw
+logits, takes its top-k children; the k children of highest joint probability are kept; finally the tree is
+pruned to the budget by joint probability. Algorithm 2 (re-sampling) is the same walk started at the target's
+bonus token over the chain's remaining levels, with the bonus token's info injected into the first of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+TokenInfo = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class ScoredTree:
+    """A tree below an implicit root: parallel lists; parents index earlier nodes (-1 = root)."""
+
+    tokens: list[int]
+    parents: list[int]
+    joint: list[float]  # cumulative log-probability from the root
+    depths: list[int]
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def paths(self) -> list[tuple[int, ...]]:
+        out: list[tuple[int, ...]] = []
+        for i, parent in enumerate(self.parents):
+            out.append((out[parent] if parent >= 0 else ()) + (self.tokens[i],))
+        return out
+
+
+def token_info_tree(
+    level_logits: torch.Tensor,
+    token_info: TokenInfo | None,
+    d2t: torch.Tensor,
+    topk: int,
+    root_token: int | None = None,
+) -> ScoredTree:
+    """Algorithm 1. `root_token` given: its token info is added to level 1 (re-sampling from a bonus token);
+    otherwise level 1 uses the raw logits (the chain already fused the root token)."""
+    tree = ScoredTree([], [], [], [])
+    frontier: list[int] = [-1]  # node indices; -1 = root
+    frontier_tokens = [root_token]
+    for level in range(level_logits.shape[0]):
+        raw = level_logits[level].float()
+        rows = raw.expand(len(frontier), -1)
+        with_info = [i for i, t in enumerate(frontier_tokens) if t is not None]
+        if token_info is not None and with_info:
+            bias = token_info(torch.tensor([frontier_tokens[i] for i in with_info]))
+            rows = rows.clone()
+            rows[with_info] += bias.float()
+        logp = torch.log_softmax(rows, dim=-1)  # [frontier, V_draft]
+        base = torch.tensor([tree.joint[n] if n >= 0 else 0.0 for n in frontier]).view(-1, 1)
+        top = torch.topk(logp, min(topk, logp.shape[-1]), dim=-1)
+        joint = (base + top.values).flatten()
+        keep = torch.topk(joint, min(topk, joint.numel())).indices.tolist()
+        new_frontier, new_tokens = [], []
+        for flat in keep:
+            row, col = divmod(flat, top.indices.shape[1])
+            token = int(d2t[top.indices[row, col]])
+            tree.tokens.append(token)
+            tree.parents.append(frontier[row])
+            tree.joint.append(float(joint[flat]))
+            tree.depths.append(level + 1)
+            new_frontier.append(len(tree.tokens) - 1)
+            new_tokens.append(token)
+        frontier, frontier_tokens = new_frontier, new_tokens
+    return tree
+
+
+def prune(tree: ScoredTree, budget: int) -> ScoredTree:
+    """Keep the `budget` nodes of highest joint probability (ancestors always kept, shallower first on ties),
+    ordered by depth then joint probability."""
+    order = sorted(range(len(tree)), key=lambda i: (-tree.joint[i], tree.depths[i]))
+    keep: set[int] = set()
+    for i in order:
+        if len(keep) >= budget:
+            break
+        node = i
+        while node >= 0 and node not in keep:
+            keep.add(node)
+            node = tree.parents[node]
+    kept = sorted(keep, key=lambda i: (tree.depths[i], -tree.joint[i]))
+    index = {old: new for new, old in enumerate(kept)}
+    return ScoredTree(
+        [tree.tokens[i] for i in kept],
+        [index[tree.parents[i]] if tree.parents[i] >= 0 else -1 for i in kept],
+        [tree.joint[i] for i in kept],
+        [tree.depths[i] for i in kept],
+    )
+
+
+def fuse(a: ScoredTree, b: ScoredTree) -> ScoredTree:
+    """Verification fusion: one tree holding every path of `a` and `b` (shared prefixes once, the higher joint
+    probability kept), ordered by depth then joint probability."""
+    best: dict[tuple[int, ...], float] = {}
+    for tree in (a, b):
+        for path, joint in zip(tree.paths(), tree.joint, strict=True):
+            best[path] = max(joint, best.get(path, -float("inf")))
+    paths = sorted(best, key=lambda p: (len(p), -best[p]))
+    index = {path: i for i, path in enumerate(paths)}
+    return ScoredTree(
+        [p[-1] for p in paths],
+        [index[p[:-1]] if len(p) > 1 else -1 for p in paths],
+        [best[p] for p in paths],
+        [len(p) for p in paths],
+    )

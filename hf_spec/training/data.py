@@ -1,0 +1,42 @@
+"""One call for trainers: the target, its tokenizer and its answers to the training prompts (cached)."""
+
+from __future__ import annotations
+
+import os
+
+from hf_spec.training.prompts import load_train_prompts
+from hf_spec.training.responses import Conversation, ResponseCache, default_data_dir, generate_responses
+
+DEFAULT_PROMPTS = ["../shared/data/train/sharegpt_1000.json", "../shared/data/train/alpaca_seed_tasks.jsonl"]
+
+
+def load_conversations(
+    target: str,
+    prompt_files: list[str] | None = None,
+    seed_cache: str | os.PathLike | None = None,
+    data_dir: str | os.PathLike | None = None,
+    limit: int | None = None,
+    max_new_tokens: int = 256,
+    batch_size: int = 8,
+    model=None,
+    tokenizer=None,
+    generate: bool = True,
+) -> tuple[object, object, list[Conversation]]:
+    """`(model, tokenizer, conversations)`: answers missing from the cache are generated first."""
+    if model is None:
+        from hf_spec.models.fetch import load_model
+
+        model, tokenizer = load_model(target)
+    prompts = [p for path in (prompt_files or DEFAULT_PROMPTS) for p in load_train_prompts(path, limit)]
+    cache = ResponseCache(data_dir or default_data_dir(target))
+    convs = generate_responses(
+        model,
+        tokenizer,
+        prompts,
+        cache,
+        batch_size=batch_size,
+        max_new_tokens=max_new_tokens,
+        seed_file=seed_cache,
+        generate=generate,
+    )
+    return model, tokenizer, convs

@@ -1,0 +1,178 @@
+"""The target's own greedy answers to training prompts: generated in batches, cached line by line (resumable),
+optionally seeded from an earlier run's JSONL (e.g. ../shared/data/train/responses/<target>.jsonl)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from hf_spec.models.fetch import cache_root
+from hf_spec.training.prompts import TrainPrompt
+
+
+@dataclass
+class Conversation:
+    """One prompt and the target's answer, as token ids. `response_ids` ends with EOS when the answer finished
+    within the token budget."""
+
+    id: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    source: str = "generated"  # or "seed"
+
+    @property
+    def input_ids(self) -> list[int]:
+        return self.prompt_ids + self.response_ids
+
+
+def default_data_dir(target: str) -> Path:
+    return cache_root() / "data" / Path(target).name
+
+
+class ResponseCache:
+    """`responses.jsonl` in `folder`: one `Conversation` per line, appended batch by batch. A torn last line
+    (interrupted write) is ignored on load and overwritten by the next append."""
+
+    def __init__(self, folder: str | os.PathLike) -> None:
+        self.folder = Path(folder)
+        self.path = self.folder / "responses.jsonl"
+
+    def load(self) -> dict[str, Conversation]:
+        rows: dict[str, Conversation] = {}
+        if not self.path.exists():
+            return rows
+        lines = self.path.read_text().splitlines()
+        for i, line in enumerate(lines):
+            try:
+                conv = Conversation(**json.loads(line))
+            except (json.JSONDecodeError, TypeError) as err:
+                if i == len(lines) - 1:  # torn final line from an interrupted run
+                    self._truncate_to(len(lines) - 1)
+                    break
+                raise ValueError(f"{self.path}:{i + 1}: corrupt response cache line ({err})") from None
+            rows[conv.id] = conv
+        return rows
+
+    def append(self, conversations: Iterable[Conversation]) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as f:
+            for conv in conversations:
+                f.write(json.dumps(asdict(conv)) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _truncate_to(self, num_lines: int) -> None:
+        kept = self.path.read_text().splitlines()[:num_lines]
+        self.path.write_text("".join(line + "\n" for line in kept))
+
+
+def chat_prompt_text(tokenizer, prompt: TrainPrompt) -> str:
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(prompt.as_chat(), tokenize=False, add_generation_prompt=True)
+    return "\n".join(content for _, content in prompt.messages)
+
+
+def import_seed(
+    seed_file: str | os.PathLike,
+    tokenizer,
+    prompts: list[TrainPrompt],
+    eos_token_id: int,
+    max_new_tokens: int,
+) -> list[Conversation]:
+    """Conversations from a seed JSONL (`id`, `prompt` text, `response` text, `response_tokens`) whose prompt
+    text is exactly what this tokenizer's chat template makes of the same prompt id; others are left to generate."""
+    by_id = {p.id: p for p in prompts}
+    imported = []
+    for line in Path(seed_file).read_text().splitlines():
+        row = json.loads(line)
+        prompt = by_id.get(str(row.get("id")))
+        if prompt is None or chat_prompt_text(tokenizer, prompt) != row.get("prompt"):
+            continue
+        response = tokenizer(row["response"], add_special_tokens=False).input_ids
+        if (
+            int(row.get("response_tokens", len(response))) < max_new_tokens
+        ):  # it finished: the answer ends in EOS
+            response = response + [eos_token_id]
+        prompt_ids = tokenizer(row["prompt"], add_special_tokens=False).input_ids
+        imported.append(Conversation(prompt.id, prompt_ids, response, source="seed"))
+    return imported
+
+
+@torch.no_grad()
+def generate_responses(
+    model,
+    tokenizer,
+    prompts: list[TrainPrompt],
+    cache: ResponseCache,
+    *,
+    batch_size: int = 8,
+    max_new_tokens: int = 256,
+    max_prompt_tokens: int = 768,
+    seed_file: str | os.PathLike | None = None,
+    progress: bool = True,
+    generate: bool = True,
+) -> list[Conversation]:
+    """Answer every prompt not in `cache` yet (greedy, batched, left-padded; shortest prompts first), appending
+    each finished batch to the cache. Returns the conversations of `prompts`, in order (overlong prompts skipped).
+    `generate=False`: only what the cache (and seed) already hold."""
+    eos = model.generation_config.eos_token_id
+    eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+    if not eos_ids:
+        raise ValueError("the target's generation_config has no eos_token_id; cannot tell finished answers")
+    done = cache.load()
+    if seed_file is not None:
+        seeds = [
+            c
+            for c in import_seed(seed_file, tokenizer, prompts, eos_ids[0], max_new_tokens)
+            if c.id not in done
+        ]
+        cache.append(seeds)
+        done.update({c.id: c for c in seeds})
+
+    encoded = {
+        p.id: tokenizer(chat_prompt_text(tokenizer, p), add_special_tokens=False).input_ids for p in prompts
+    }
+    todo = (
+        [p for p in prompts if p.id not in done and len(encoded[p.id]) <= max_prompt_tokens]
+        if generate
+        else []
+    )
+    todo.sort(key=lambda p: len(encoded[p.id]))
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    bar = tqdm(total=len(todo), desc="target responses", unit="prompt", disable=not progress)
+    for start in range(0, len(todo), batch_size):
+        batch = todo[start : start + batch_size]
+        ids = [encoded[p.id] for p in batch]
+        width = max(map(len, ids))
+        input_ids = torch.tensor([[pad_id] * (width - len(x)) + x for x in ids])
+        attention_mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=pad_id,
+        )
+        convs = [
+            Conversation(p.id, encoded[p.id], _cut_at_eos(row[width:].tolist(), eos_ids))
+            for p, row in zip(batch, out, strict=True)
+        ]
+        cache.append(convs)
+        done.update({c.id: c for c in convs})
+        bar.update(len(batch))
+        bar.set_postfix(tokens=sum(len(c.response_ids) for c in convs))
+    bar.close()
+    return [done[p.id] for p in prompts if p.id in done]
+
+
+def _cut_at_eos(tokens: list[int], eos_ids: list[int]) -> list[int]:
+    for i, tok in enumerate(tokens):
+        if tok in eos_ids:
+            return tokens[: i + 1]
+    return tokens

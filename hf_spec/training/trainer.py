@@ -1,0 +1,169 @@
+"""The loop every head trainer shares: draft vocabulary, AdamW with warm-up + decay, gradient clipping,
+`accelerate`, a progress bar with loss and accuracy, resumable checkpoints, a held-out evaluation."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from hf_spec.training.batches import collate, draft_vocabulary, epoch_batches, vocabulary_coverage
+from hf_spec.training.loop import Checkpoint, warmup_linear_decay
+
+# step_fn(head, batch, cfg, t2d) -> (loss, accuracy per draft depth, loss parts)
+StepFn = Callable[..., tuple[torch.Tensor, list[float], dict[str, float]]]
+
+
+@dataclass
+class HeadTrainConfig:
+    """Args:
+    align_steps: draft depths unrolled per batch (HASS context alignment / Lyanna chain length; 1 = EAGLE).
+    feature_weight / ce_weight: weights of the feature regression and the soft cross-entropy.
+    draft_vocab: reduced draft vocabulary size (most frequent answer tokens).
+    epochs: passes over the data. batch_tokens: padded tokens per batch. max_len: longest sequence kept.
+    heldout: conversations held out for the evaluation. init_from_last_layer: warm-start the head's layer from
+    the target's last layer.
+    """
+
+    align_steps: int = 1
+    feature_weight: float = 1.0
+    ce_weight: float = 0.1
+    draft_vocab: int = 32768
+    epochs: float = 4.0
+    lr: float = 3e-4
+    warmup: float = 0.03
+    weight_decay: float = 0.0
+    clip: float = 0.5
+    batch_tokens: int = 2048
+    max_len: int = 1024
+    seed: int = 0
+    save_every: int = 50
+    heldout: int = 16
+    init_from_last_layer: bool = True
+    extra: dict = field(default_factory=dict)
+
+
+def split_heldout(sequences: list[dict], count: int) -> tuple[list[dict], list[dict]]:
+    """Every k-th conversation held out for evaluation (deterministic)."""
+    if count <= 0 or len(sequences) < 2 * count:
+        return sequences, []
+    stride = len(sequences) // count
+    held = set(range(0, stride * count, stride))
+    return [s for i, s in enumerate(sequences) if i not in held], [
+        s for i, s in enumerate(sequences) if i in held
+    ]
+
+
+@torch.no_grad()
+def evaluate(head, sequences, cfg: HeadTrainConfig, t2d: torch.Tensor, step_fn: StepFn) -> dict:
+    """Held-out top-1 agreement with the target per draft depth (at least 4 depths), and loss."""
+    if not sequences:
+        return {}
+    eval_cfg = replace(cfg, align_steps=max(cfg.align_steps, 4))
+    totals, losses = [0.0] * eval_cfg.align_steps, []
+    for seq in sequences:
+        loss, accs, _ = step_fn(head, collate([seq], cfg.max_len), eval_cfg, t2d)
+        losses.append(loss.item())
+        totals = [a + b for a, b in zip(totals, accs, strict=True)]
+    return {
+        "loss": sum(losses) / len(losses),
+        "accuracy_by_depth": [round(t / len(sequences), 4) for t in totals],
+    }
+
+
+def train_head(
+    target,
+    head,
+    sequences: list[dict],
+    out: str | Path,
+    cfg: HeadTrainConfig,
+    step_fn: StepFn,
+    progress: bool = True,
+):
+    """Train (or resume) the fresh `head` for `target` on captured `sequences`; returns `(head, report)`."""
+    from accelerate import Accelerator
+
+    torch.manual_seed(cfg.seed)
+    out = Path(out)
+    train_set, heldout = split_heldout(sequences, cfg.heldout)
+    vocab_size = target.get_input_embeddings().weight.shape[0]
+    eos = target.generation_config.eos_token_id
+    keep = [eos] if isinstance(eos, int) else list(eos or [])
+    checkpoint = Checkpoint(out / "checkpoint")
+    if checkpoint.exists():
+        head.d2t.copy_(torch.tensor(checkpoint.peek_extra()["d2t"]))
+    else:
+        head.d2t.copy_(draft_vocabulary(train_set, head.config.draft_vocab_size, vocab_size, keep))
+        if cfg.init_from_last_layer:
+            head.init_layer_from(target, -1)
+    head.attach_target(target)
+    t2d = torch.full((vocab_size,), -1, dtype=torch.long)
+    t2d[head.d2t] = torch.arange(len(head.d2t))
+    coverage = vocabulary_coverage(train_set, head.d2t, vocab_size)
+
+    lengths = [min(len(s["input_ids"]), cfg.max_len) for s in train_set]
+    steps_per_epoch = len(epoch_batches(lengths, cfg.batch_tokens, cfg.seed, 0))
+    total_steps = max(1, math.ceil(cfg.epochs * steps_per_epoch))
+    params = [p for p in head.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    scheduler = warmup_linear_decay(optimizer, total_steps, int(cfg.warmup * total_steps))
+    step, extra = 0, {"d2t": head.d2t.tolist(), "history": [], "wall_seconds": 0.0}
+    if checkpoint.exists():
+        step, extra = checkpoint.load(head, optimizer, scheduler)
+        head.attach_target(target)
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    head, optimizer = accelerator.prepare(head, optimizer)
+    head.train()
+
+    bar = tqdm(
+        total=total_steps,
+        initial=step,
+        desc=f"train {type(head).__name__}",
+        unit="step",
+        disable=not progress,
+    )
+    started, tokens_seen = time.perf_counter(), 0
+    wall_before = extra["wall_seconds"]
+    while step < total_steps:
+        epoch, index = divmod(step, steps_per_epoch)
+        batch_ids = epoch_batches(lengths, cfg.batch_tokens, cfg.seed, epoch)[index]
+        batch = collate([train_set[i] for i in batch_ids], cfg.max_len)
+        loss, accs, parts = step_fn(head, batch, cfg, t2d)
+        optimizer.zero_grad(set_to_none=True)
+        accelerator.backward(loss)
+        accelerator.clip_grad_norm_(params, cfg.clip)
+        optimizer.step()
+        scheduler.step()
+        step += 1
+        tokens_seen += int(batch["valid"].sum())
+        elapsed = time.perf_counter() - started
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{accs[0]:.3f}", tok_s=f"{tokens_seen / elapsed:.0f}")
+        extra["history"].append(
+            {"step": step, "loss": round(loss.item(), 4), "acc": [round(a, 4) for a in accs]}
+            | {k: round(v, 4) for k, v in parts.items()}
+        )
+        extra["wall_seconds"] = wall_before + elapsed
+        if step % cfg.save_every == 0 or step == total_steps:
+            checkpoint.save(accelerator.unwrap_model(head), optimizer, scheduler, step, extra)
+    bar.close()
+    head = accelerator.unwrap_model(head).eval()
+    report = {
+        "config": asdict(cfg),
+        "steps": total_steps,
+        "epochs": cfg.epochs,
+        "train_conversations": len(train_set),
+        "train_tokens": sum(lengths),
+        "heldout_conversations": len(heldout),
+        "draft_vocab_coverage": round(coverage, 4),
+        "wall_seconds": round(extra["wall_seconds"]),
+        "final_loss": extra["history"][-1]["loss"] if extra["history"] else None,
+        "first_loss": extra["history"][0]["loss"] if extra["history"] else None,
+        "heldout": evaluate(head, heldout, cfg, t2d, step_fn),
+    }
+    return head, report

@@ -1,0 +1,229 @@
+"""EAGLE/HASS heads on tiny random targets: shapes, losses and masks against plain references, training,
+save/load (incl. trust_remote_code and custom_generate), mismatch errors, lossless decoding."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import AutoModel, DynamicCache
+
+from hf_spec import SpeculativeDecoder
+from hf_spec.heads.eagle import EagleHeadConfig, EagleHeadModel
+from hf_spec.heads.eagle.losses import alignment_mask, topk_loss
+from hf_spec.heads.eagle.train import EagleTrainConfig, train_eagle
+from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER, save_head_folder
+from hf_spec.methods.eagle import EagleConfig, EagleDrafter
+from hf_spec.methods.eagle.drafter import load_head, rerank
+from hf_spec.training.features import FeatureStore, capture_features
+from hf_spec.training.responses import Conversation
+from tests.conftest import make_tiny_model, prompt_ids
+
+
+def random_head(model, vocab: int = 64) -> EagleHeadModel:
+    torch.manual_seed(0)
+    head = EagleHeadModel(EagleHeadConfig.for_target(model, vocab))
+    head.d2t.copy_(torch.arange(vocab) + (model.config.vocab_size - vocab))
+    return head.attach_target(model).eval()
+
+
+def tiny_conversations(model, count: int = 24, new: int = 40) -> list[Conversation]:
+    convs = []
+    for seed in range(count):
+        ids = prompt_ids(10, seed=100 + seed)
+        out = model.generate(ids, max_new_tokens=new, do_sample=False)
+        convs.append(Conversation(f"c{seed}", ids[0].tolist(), out[0, ids.shape[1] :].tolist()))
+    return convs
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def trained(request, tmp_path_factory):
+    """A head trained briefly on the tiny target's own greedy outputs: `(model, head, report, folder)`."""
+    model = make_tiny_model(request.param, temperature=16.0)  # peaked: a head can learn it
+    folder = tmp_path_factory.mktemp(f"eagle-{request.param}")
+    store = capture_features(model, tiny_conversations(model), folder / "data", topk=8, progress=False)
+    cfg = EagleTrainConfig(
+        align_steps=2, topk=4, draft_vocab=80, epochs=12, lr=2e-3, batch_tokens=512, heldout=2
+    )
+    head, report = train_eagle(model, store.load_sequences(), folder / "run", cfg, progress=False)
+    save_head_folder(head, folder / "head", EagleConfig(head=HEAD_IN_THIS_FOLDER, depth=4, topk=3), "card")
+    return model, head, report, folder
+
+
+def test_features_reproduce_target_logits(tmp_path):
+    model = make_tiny_model("llama")
+    store = capture_features(model, tiny_conversations(model, count=2), tmp_path, topk=5, progress=False)
+    seq = FeatureStore.open(tmp_path / "features").load_sequences()[0]
+    assert store.num_tokens == len(seq["input_ids"]) + len(
+        FeatureStore.open(tmp_path / "features").load_sequences()[1]["input_ids"]
+    )
+    logits = model.lm_head(model.model.norm(seq["features"].float()))
+    ref = model(input_ids=seq["input_ids"][None].long()).logits[0]
+    assert torch.allclose(logits, ref, atol=0.05)  # features are stored in bf16
+    assert torch.equal(seq["topk_ids"][:, 0].long(), ref.argmax(-1))
+
+
+def test_alignment_mask_matches_decoding_simulation():
+    """Step j of the masked parallel forward equals drafting j steps after position i - j, one at a time."""
+    model = make_tiny_model("llama")
+    head = random_head(model)
+    n, steps = 9, 3
+    torch.manual_seed(3)
+    f_in = torch.randn(1, n, model.config.hidden_size)
+    ids = torch.randint(3, 96, (1, n))
+    pos = torch.arange(1, n + 1)[None]
+    cache, f, outs = DynamicCache(), f_in, []
+    with torch.no_grad():
+        for j in range(1, steps + 1):
+            h = head(f, ids, pos, alignment_mask(n, j)[None, None], cache)
+            outs.append(h)
+            f = torch.cat([f_in[:, :1], h[:, :-1]], dim=1)
+        for j in range(1, steps + 1):
+            for i in range(j - 1, n):
+                sim = DynamicCache()
+                last = i - j + 1  # the first drafted index; 0..last-1 are committed
+                if last > 0:
+                    causal = torch.zeros(last, last).masked_fill(
+                        ~torch.ones(last, last, dtype=torch.bool).tril(), -1e30
+                    )
+                    head(f_in[:, :last], ids[:, :last], pos[:, :last], causal[None, None], sim)
+                feat = f_in[:, last : last + 1]
+                for k in range(last, i + 1):
+                    feat = head(feat, ids[:, k : k + 1], pos[:, k : k + 1], None, sim)
+                assert torch.allclose(feat[0, 0], outs[j - 1][0, i], atol=1e-4), (i, j)
+
+
+def test_topk_loss_matches_loop():
+    torch.manual_seed(0)
+    logp = torch.log_softmax(torch.randn(2, 3, 7), -1)
+    ids = torch.randint(-1, 7, (2, 3, 4))
+    logq = torch.log_softmax(torch.randn(2, 3, 10), -1)[..., :4]
+    mask = torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]])
+    total = 0.0
+    for b in range(2):
+        for t in range(3):
+            if mask[b, t]:
+                total += -sum(
+                    float(logq[b, t, k].exp() * logp[b, t, ids[b, t, k]])
+                    for k in range(3)
+                    if ids[b, t, k] >= 0
+                )
+    assert float(topk_loss(logp, ids, logq, mask, k=3)) == pytest.approx(total / float(mask.sum()), rel=1e-5)
+
+
+def test_rerank_keeps_budget_and_ancestors():
+    tokens = [10, 11, 12, 13, 14, 15]
+    parents = [-1, -1, 0, 0, 2, 1]
+    scores = [-0.1, -2.0, -0.3, -0.4, -0.5, -2.5]
+    depths = [1, 1, 2, 2, 3, 2]
+    tree = rerank(tokens, parents, scores, depths, 4)
+    assert tree.tokens.tolist() == [10, 12, 13, 14]
+    assert tree.parents.tolist() == [-1, 0, 0, 1]
+    full = rerank(tokens, parents, scores, depths, 10)
+    assert sorted(full.tokens.tolist()) == sorted(tokens)
+
+
+def test_training_lowers_loss_and_learns(trained):
+    _, _, report, _ = trained
+    assert report["final_loss"] < 0.75 * report["first_loss"]
+    assert report["heldout"]["accuracy_by_depth"][0] > 0.1  # chance: 1/80
+
+
+def test_saved_folder_round_trip(trained):
+    model, head, _, folder = trained
+    path = folder / "head"
+    config = json.loads((path / "config.json").read_text())
+    assert config["auto_map"]["AutoModel"] == "modeling_hf_spec.EagleHeadModel"
+    assert config["target"]["vocab_size"] == model.config.vocab_size
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        assert f.get_tensor("fc.weight").dtype == torch.bfloat16
+        assert not any("embed" in k or "lm_head" in k for k in f.keys())  # the target's parts are not stored
+    loaded = load_head(str(path), model)
+    assert torch.equal(loaded.d2t, head.d2t)
+    x = torch.randn(1, 5, model.config.hidden_size)
+    ids, pos = torch.randint(3, 96, (1, 5)), torch.arange(1, 6)[None]
+    mask = alignment_mask(5, 1)[None, None]
+    with torch.no_grad():
+        assert torch.allclose(loaded(x, ids, pos, mask), head(x, ids, pos, mask), atol=0.05)
+    remote = AutoModel.from_pretrained(path, trust_remote_code=True)
+    assert type(remote).__name__ == "EagleHeadModel"
+
+
+def test_head_refuses_another_target(trained):
+    model, _, _, folder = trained
+    other = make_tiny_model(model.config.model_type, seed=9, temperature=16.0)
+    with pytest.raises(ValueError, match="trained for"):
+        load_head(str(folder / "head"), other)
+
+
+def test_corrupt_or_missing_head_is_a_clear_error(tmp_path, trained):
+    model, _, _, folder = trained
+    with pytest.raises(ValueError, match="cannot load an EAGLE head"):
+        load_head(str(tmp_path / "nothing"), model)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text((folder / "head" / "config.json").read_text())
+    (bad / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(Exception, match="(?i)safetensors|header|deserializ|cannot load"):
+        load_head(str(bad), model)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_greedy_equals_generate_and_accepts(trained, seed):
+    model, head, _, _ = trained
+    dec = SpeculativeDecoder(EagleDrafter(EagleConfig(depth=4, topk=3, total_tokens=10), model, head=head))
+    ids = prompt_ids(12, seed=seed)
+    ref = model.generate(ids, max_new_tokens=48, do_sample=False)
+    out = model.generate(ids, max_new_tokens=48, do_sample=False, custom_generate=dec)
+    assert torch.equal(out, ref)
+    assert dec.last_stats.accepted_tokens > 0  # the trained head's drafts are really accepted
+
+
+def test_custom_generate_folder(trained):
+    model, _, _, folder = trained
+    ids = prompt_ids(12, seed=4)
+    ref = model.generate(ids, max_new_tokens=24, do_sample=False)
+    out = model.generate(
+        ids, max_new_tokens=24, do_sample=False, custom_generate=str(folder / "head"), trust_remote_code=True
+    )
+    assert torch.equal(out, ref)
+    assert EagleConfig.from_cli_arg(str(folder / "head")).head == str(folder / "head")
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_transformers_assisted_loop_with_hidden_states(trained, do_sample):
+    """The head drafts chains inside transformers' own assisted loop, fed through requires_model_outputs."""
+    from hf_spec.integrations import enable_assistant
+
+    model, head, _, _ = trained
+    ids = prompt_ids(12, seed=5)
+    dec = SpeculativeDecoder(EagleDrafter(EagleConfig(depth=4, topk=3, total_tokens=10), model, head=head))
+    kw = dict(max_new_tokens=30, do_sample=do_sample, top_k=0)
+    torch.manual_seed(0)
+    ref = model.generate(ids, **kw)
+    with enable_assistant(model, loop="transformers"):
+        torch.manual_seed(0)
+        out = model.generate(ids, assistant_model=dec, **kw)
+    assert out.shape[1] == ref.shape[1]
+    if not do_sample:
+        assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("loop", ["hf-spec", "transformers"])
+def test_sampling_keeps_target_distribution(loop):
+    """Chi-square of per-position token counts vs the target's exact marginals (tiny vocabulary), both loops."""
+    from tests.stats import sampled_marginals_pvalues
+    from tests.test_sampling import V
+
+    target = make_tiny_model("llama", seed=11, vocab_size=V, layers=2, temperature=2.0)
+    torch.manual_seed(0)
+    head = EagleHeadModel(EagleHeadConfig.for_target(target, V)).attach_target(target).eval()
+    head.init_layer_from(target)
+    cfg = EagleConfig(depth=3, topk=2, total_tokens=5)
+    pvalues, accepted = sampled_marginals_pvalues(
+        target, lambda: SpeculativeDecoder(EagleDrafter(cfg, target, head=head)), loop
+    )
+    assert loop == "transformers" or accepted > 200
+    assert min(pvalues) > 1e-3, pvalues
