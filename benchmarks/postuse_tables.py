@@ -23,9 +23,6 @@ def table(results: dict) -> str:
         short = name
         if name.startswith("postuse:"):
             short = Path(name.split(":", 1)[1]).stem.replace("postuse-qwen2.5-coder-0.5b-instruct", "postuse")
-            Path(name.split(":", 1)[-1]).stem.replace("postuse-qwen2.5-coder-0.5b-instruct", "postuse")
-            or name
-        )
         util = e.get("draft_utilization")
         rel = e["tokens_per_s"] / fixed["tokens_per_s"] if fixed else float("nan")
         rel_util = util / fixed["draft_utilization"] if fixed and util else float("nan")
