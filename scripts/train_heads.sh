@@ -5,8 +5,8 @@
 set -euo pipefail
 target=$1; kind=$2; shift 2
 case $target in
-  smollm2-135m-instruct) vocab=8192; epochs=3 ;;
-  qwen2.5-coder-0.5b-instruct) vocab=32768; epochs=3 ;;
+  smollm2-135m-instruct) vocab=16384; epochs=6 ;;
+  qwen2.5-coder-0.5b-instruct) vocab=32768; epochs=8 ;;
   *) echo "unknown target $target" >&2; exit 2 ;;
 esac
 common=(--target "$target" --cached-only --prompts ../shared/data/train/sharegpt_1000.json

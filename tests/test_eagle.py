@@ -206,8 +206,9 @@ def test_transformers_assisted_loop_with_hidden_states(trained, do_sample):
     with enable_assistant(model, loop="transformers"):
         torch.manual_seed(0)
         out = model.generate(ids, assistant_model=dec, **kw)
-    assert out.shape[1] == ref.shape[1]
-    if not do_sample:
+    if do_sample:  # a sampled run may stop at another EOS; the distribution is tested by chi-square below
+        assert ids.shape[1] < out.shape[1] <= ref.shape[1] + 30 and torch.equal(out[:, : ids.shape[1]], ids)
+    else:
         assert torch.equal(out, ref)
 
 

@@ -45,7 +45,11 @@ def add_common_train_args(parser: argparse.ArgumentParser, draft_vocab: int = 32
     parser.add_argument("--out", required=True, help="output folder (Hub-style head repo)")
     parser.add_argument("--draft-vocab", type=int, default=draft_vocab, help="reduced draft vocabulary size")
     parser.add_argument("--epochs", type=float, default=4.0)
-    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument(
+        "--feature-weight", type=float, help="weight of the feature regression (method default)"
+    )
+    parser.add_argument("--ce-weight", type=float, help="weight of the soft cross-entropy (method default)")
     parser.add_argument("--batch-tokens", type=int, default=2048)
     parser.add_argument("--max-len", type=int, default=1024)
     parser.add_argument("--seed", type=int, default=0)
@@ -56,7 +60,10 @@ def add_common_train_args(parser: argparse.ArgumentParser, draft_vocab: int = 32
 
 def common_train_config(args: argparse.Namespace) -> dict:
     keys = ("draft_vocab", "epochs", "lr", "batch_tokens", "max_len", "seed", "heldout", "save_every")
-    return {key: getattr(args, key) for key in keys}
+    optional = ("feature_weight", "ce_weight")  # None: the method's default
+    return {key: getattr(args, key) for key in keys} | {
+        key: getattr(args, key) for key in optional if getattr(args, key) is not None
+    }
 
 
 def train_and_save(args: argparse.Namespace, cfg, train_fn, recipe_cls, kind: str) -> int:

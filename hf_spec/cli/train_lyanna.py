@@ -13,8 +13,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--chain-steps", type=int, default=4, help="chain depths unrolled in training")
     parser.add_argument("--token-info-rank", type=int, default=64, help="rank d of W1/W2 (0: no token info)")
     parser.add_argument("--no-first-token-fusion", action="store_true", help="ablation: h1 = Layer(h0)")
-    parser.add_argument("--feature-weight", type=float, default=1.0, help="alpha (MSE on features)")
-    parser.add_argument("--ce-weight", type=float, default=1.0, help="beta (soft cross-entropy)")
     parser.set_defaults(func=run)
 
 
@@ -26,8 +24,6 @@ def run(args: argparse.Namespace) -> int:
         align_steps=args.chain_steps,
         token_info_rank=args.token_info_rank,
         first_token_fusion=not args.no_first_token_fusion,
-        feature_weight=args.feature_weight,
-        ce_weight=args.ce_weight,
         **common_train_config(args),
     )
     return train_and_save(args, cfg, train_lyanna, LyannaConfig, "Lyanna")

@@ -17,7 +17,12 @@ def draft_vocabulary(
         ids = seq["input_ids"].long()[seq["response_mask"].bool()]
         counts += torch.bincount(ids, minlength=vocab_size)[:vocab_size]
     counts[torch.tensor(keep, dtype=torch.long)] = counts.max() + 1
-    return torch.topk(counts, min(size, vocab_size)).indices  # descending counts
+    # ties (above all: tokens never seen in the data) go to lower ids, which BPE vocabularies give to their most
+    # frequent merges, so the unseen rest of the draft vocabulary is filled by the tokenizer's own frequency order
+    order = torch.argsort(
+        counts.double() * vocab_size - torch.arange(vocab_size, dtype=torch.double), descending=True
+    )
+    return order[: min(size, vocab_size)]
 
 
 def vocabulary_coverage(

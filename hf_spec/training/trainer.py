@@ -28,14 +28,17 @@ class HeadTrainConfig:
     epochs: passes over the data. batch_tokens: padded tokens per batch. max_len: longest sequence kept.
     heldout: conversations held out for the evaluation. init_from_last_layer: warm-start the head's layer from
     the target's last layer.
+    Defaults measured on SmolLM2-135M (150 conversations, 3 epochs, held-out top-1): EAGLE's own weighting (feature
+    1.0, CE 0.1, lr 3e-4) with the layer warm-started reached 0.05; CE 1.0 / feature 0.1 at lr 1e-3 from a fresh
+    layer reached 0.16 - with little data the distribution term has to lead.
     """
 
     align_steps: int = 1
-    feature_weight: float = 1.0
-    ce_weight: float = 0.1
+    feature_weight: float = 0.1
+    ce_weight: float = 1.0
     draft_vocab: int = 32768
     epochs: float = 4.0
-    lr: float = 3e-4
+    lr: float = 1e-3
     warmup: float = 0.03
     weight_decay: float = 0.0
     clip: float = 0.5
@@ -44,7 +47,7 @@ class HeadTrainConfig:
     seed: int = 0
     save_every: int = 50
     heldout: int = 16
-    init_from_last_layer: bool = True
+    init_from_last_layer: bool = False
     extra: dict = field(default_factory=dict)
 
 

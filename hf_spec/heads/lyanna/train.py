@@ -22,7 +22,7 @@ class LyannaTrainConfig(HeadTrainConfig):
     the head's `token_info_rank` (0: no token info) and `first_token_fusion` (ablations)."""
 
     align_steps: int = 4
-    ce_weight: float = 1.0
+    feature_weight: float = 1.0
     token_info_rank: int = 64
     first_token_fusion: bool = True
 
