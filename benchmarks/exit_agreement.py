@@ -21,7 +21,9 @@ def main() -> None:
     model, tok = load_model(args.target)
     with open(args.prompts) as f:  # Alpaca seed tasks: instruction + the first instance's input
         rows = [json.loads(line) for line in f if line.strip()][: args.n]
-    texts = [(r["instruction"] + "\n" + (r.get("instances") or [{}])[0].get("input", "")).strip() for r in rows]
+    texts = [
+        (r["instruction"] + "\n" + (r.get("instances") or [{}])[0].get("input", "")).strip() for r in rows
+    ]
     layers = model.config.num_hidden_layers
     hits = torch.zeros(layers)
     total = 0

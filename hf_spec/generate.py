@@ -207,7 +207,8 @@ def speculative_generate(
             if not finished:
                 hidden = out.hidden_states[-1][:, keep] if want_hidden else None
                 state.hidden_states = hidden
-                drafter.observe(state, RoundResult(tree, acc.accepted, new_tokens, hidden))
+                preds = logits.argmax(-1) if drafter.requires_target_predictions else None
+                drafter.observe(state, RoundResult(tree, acc.accepted, new_tokens, hidden, preds))
             t3 = time.perf_counter()
             stats.time_draft += t1 - t0
             stats.time_verify += t2 - t1

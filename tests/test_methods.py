@@ -31,6 +31,7 @@ METHOD_SPECS = [
     "retrieval",
     "talon",
     "hispec",
+    "postuse:early-exit:2",
 ]
 
 

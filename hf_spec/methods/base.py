@@ -53,12 +53,16 @@ class RoundResult:
         new_tokens: the committed tokens (accepted + bonus, cut at a stop), in order.
         hidden_states: with `requires_hidden_states`, `(1, len(accepted) + 1, hidden_size)`: the target's
             last-layer hidden states at the root and the accepted nodes.
+        target_predictions: with `requires_target_predictions`, `torch.LongTensor` of shape `(num_nodes + 1,)`:
+            the target's argmax (raw logits) at the root (row 0) and after every node (row `i + 1`), also
+            off the accepted path.
     """
 
     tree: DraftTree
     accepted: list[int]
     new_tokens: list[int]
     hidden_states: torch.Tensor | None = None
+    target_predictions: torch.Tensor | None = None  # [num_nodes + 1]
 
 
 class Drafter(ABC):
@@ -70,6 +74,7 @@ class Drafter(ABC):
     """
 
     requires_hidden_states: ClassVar[bool] = False
+    requires_target_predictions: ClassVar[bool] = False  # fill RoundResult.target_predictions
 
     def __init__(self, config: MethodConfig, model: PreTrainedModel, tokenizer=None) -> None:
         self.config = config

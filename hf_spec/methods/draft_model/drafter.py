@@ -3,14 +3,16 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from hf_spec.kernels.skinny_linear import fast_linears
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
 from hf_spec.methods.common import chain_with_siblings
 from hf_spec.methods.draft_model.config import DraftModelConfig
+from hf_spec.methods.stepwise import StepwiseDrafter
 from hf_spec.tree.buffers import DraftTree
-from hf_spec.verify.cache import crop_cache
+from hf_spec.verify.cache import compact_cache, crop_cache
 
 
-class DraftModelDrafter(Drafter):
+class DraftModelDrafter(Drafter, StepwiseDrafter):
     """Greedy chain (plus optional sibling leaves) from a separate small model with its own KV cache."""
 
     config: DraftModelConfig
@@ -86,3 +88,36 @@ class DraftModelDrafter(Drafter):
 
     def end(self, state: SpecState) -> None:
         self.cache = None
+
+    # ---- step-wise drafting (StepwiseDrafter hooks) ----
+    def _step_prepare(self, state: SpecState):
+        if self.cache is None:
+            self.begin(state)
+        if self.cached > state.seq_len - 1:  # a kept draft token matched the bonus: the root is fed again
+            self.cached = state.seq_len - 1
+            crop_cache(self.cache, self.cached)
+        return self.cached, state.input_ids[0, self.cached : -1].tolist()
+
+    def _step_forward(self, ids, position_ids, mask) -> torch.Tensor:
+        with fast_linears(self.draft, enabled=ids.shape[1] > 1):
+            out = self.draft(
+                input_ids=ids,
+                position_ids=position_ids,
+                attention_mask=mask,
+                past_key_values=self.cache,
+                use_cache=True,
+            )
+        return out.logits[0].float()
+
+    def _step_compact(self, past: int, keep: list[int]) -> None:
+        compact_cache(self.cache, past, keep)
+
+    def _step_finish(self, state: SpecState, start: int, kept: list[int]) -> None:
+        # the cache holds the committed tokens (root included) then the fed chain: `observe` keeps what is accepted
+        self.cached = state.seq_len
+        self.pending = kept[state.seq_len - start :]
+        crop_cache(self.cache, start + len(kept))
+
+    def _step_where(self):
+        param = next(self.draft.parameters())
+        return param.dtype, param.device

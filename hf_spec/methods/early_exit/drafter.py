@@ -3,15 +3,17 @@ from __future__ import annotations
 import torch
 
 from hf_spec.heads.exits.model import load_exit_lm
+from hf_spec.kernels.skinny_linear import fast_linears
 from hf_spec.methods.base import Drafter, SpecState
 from hf_spec.methods.common import chain_with_siblings
 from hf_spec.methods.early_exit.config import EarlyExitConfig
+from hf_spec.methods.stepwise import StepwiseDrafter
 from hf_spec.models.layers import decoder_parts, run_layers
 from hf_spec.tree.buffers import DraftTree
-from hf_spec.verify.cache import cache_length, crop_cache
+from hf_spec.verify.cache import cache_length, compact_cache, crop_cache
 
 
-class EarlyExitDrafter(Drafter):
+class EarlyExitDrafter(Drafter, StepwiseDrafter):
     """Drafts with the target's first `exit_layer` layers, reusing (then rolling back) their KV cache."""
 
     config: EarlyExitConfig
@@ -57,3 +59,24 @@ class EarlyExitDrafter(Drafter):
         finally:
             crop_cache(state.cache, past, range(self.exit_layer))
         return chain_with_siblings(chain, siblings if cfg.siblings else None)
+
+    # ---- step-wise drafting (StepwiseDrafter hooks): same forward as `propose`, several tokens at once ----
+    def _step_prepare(self, state: SpecState):
+        past = state.seq_len - 1
+        return (past, []) if cache_length(state.cache) == past else None
+
+    def _step_forward(self, ids, position_ids, mask) -> torch.Tensor:
+        parts, cache = self.parts, self._step_cache
+        with fast_linears(self.model, enabled=ids.shape[1] > 1):
+            hidden = run_layers(parts, parts.embed_tokens(ids), position_ids, cache, 0, self.exit_layer, mask)
+            return self.exits.logits(self.exit_layer, hidden)[0].float()
+
+    def _step_compact(self, past: int, keep: list[int]) -> None:
+        compact_cache(self._step_cache, past, keep, range(self.exit_layer))
+
+    def _step_finish(self, state: SpecState, start: int, kept: list[int]) -> None:
+        crop_cache(state.cache, start, range(self.exit_layer))
+
+    def draft_start(self, state: SpecState) -> bool:
+        self._step_cache = state.cache
+        return super().draft_start(state)

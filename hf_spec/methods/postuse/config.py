@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hf_spec.config import MethodConfig
+
+
+@dataclass
+class PostUseConfig(MethodConfig):
+    """Post-use & Pre-cut ("Holistic Token Efficient Speculative Decoding", https://openreview.net/forum?id=ELhSQC3BJE):
+    two training-free plug-ins around any hf-spec drafter.
+
+    - Post-use: the draft positions the target agrees with (also after the first mismatch) and the committed
+      text are kept as short phrases in a token cache (`token_cache.py`) and recycled: at the drafter
+      (cached phrases behind the last token are checked by the drafter in the same forward; an agreeing
+      phrase yields several draft tokens from one forward) and at the target (cached phrases behind the last
+      `target_anchors` draft tokens become extra branches of the verification tree).
+    - Pre-cut: a Q-learning controller (`controller.py`) stops drafting when more draft calls are unlikely
+      to pay.
+
+    Both only change what is proposed; verification keeps the output exactly the target's.
+
+    Args:
+        drafter: the wrapped drafter: a method spec (`"early-exit:20"`) or a nested config dict
+            (`{"method": "early-exit", "exit_layer": 20}`).
+        draft_length: fixed draft length lambda (draft tokens per round) when `precut` is off.
+        max_draft_length: lambda_max, the longest draft with `precut` [24].
+        reuse_draft: Post-use at the drafter (Algorithm 2); needs a step-wise drafter.
+        reuse_target: Post-use at the target (Algorithm 3).
+        precut: Q-learning draft-length controller; needs a step-wise drafter.
+        phrase_length: beta, longest cached phrase, anchor included [5].
+        pool_size: kappa_pool, most anchors in the cache [1000].
+        phrases_per_anchor: kappa_phase, most phrases per anchor [20].
+        draft_phrases: W, cached phrases checked per draft forward.
+        target_anchors: m, last draft tokens that get cached phrases at verification [3].
+        target_phrases: cached phrases per anchor at verification.
+        max_tree_nodes: verification budget (draft + cached nodes); on a CPU a 17-token verification costs
+            ~1.5 one-token steps.
+        admit_prompt: also admit the prompt's phrases at the start of a generation.
+        keep_cache: keep the cache across `generate` calls (the paper's pool); False clears it per call.
+        alpha / gamma / epsilon: Q-learning rate, discount and exploration [0.1, 0.99].
+        init_continue / init_stop: initial Q values (CONTINUE slightly above STOP).
+        benefit_buckets: buckets of the expected benefit (product of draft confidences) in the state.
+        target_cost: one target call in draft-call units for the reward; 0 = measured online (EMA of the
+            wall time of draft calls and of verification rounds).
+        reward: the tokens eta counts: `"useful"` (paper Eq. 7: draft tokens the target agrees with, also
+            after the first mismatch), `"accepted"` (accepted draft tokens) or `"committed"` (accepted + the
+            bonus token: tokens per unit cost, i.e. speed; the choice when a draft call costs about as much as
+            a target call, where the flat paper reward cannot tell draft lengths apart).
+        warmup_rounds: first rounds of a fresh table that draft to `max_draft_length` (every position a trial).
+        q_table: JSON Q-table to start from (`hf-spec train postuse` writes one); "" = initial values.
+        freeze: no Q updates and no exploration (reproducible runs with a learned table).
+        seed: exploration seed.
+    """
+
+    method = "postuse"
+    main_arg = "drafter"
+
+    drafter: str | dict = field(
+        default="early-exit", metadata={"help": "wrapped drafter: method spec or config dict"}
+    )
+    draft_length: int = field(default=3, metadata={"help": "fixed draft length without precut"})
+    max_draft_length: int = field(default=24, metadata={"help": "lambda_max with precut"})
+    reuse_draft: bool = field(default=True, metadata={"help": "Post-use at the drafter (Algorithm 2)"})
+    reuse_target: bool = field(default=True, metadata={"help": "Post-use at the target (Algorithm 3)"})
+    precut: bool = field(default=True, metadata={"help": "Q-learning draft-length controller"})
+    phrase_length: int = field(default=5, metadata={"help": "beta: longest phrase, anchor included"})
+    pool_size: int = field(default=1000, metadata={"help": "kappa_pool: most anchors"})
+    phrases_per_anchor: int = field(default=20, metadata={"help": "kappa_phase: most phrases per anchor"})
+    draft_phrases: int = field(default=4, metadata={"help": "W: phrases checked per draft forward"})
+    target_anchors: int = field(default=3, metadata={"help": "m: last draft tokens given cached branches"})
+    target_phrases: int = field(default=2, metadata={"help": "cached phrases per anchor at verification"})
+    max_tree_nodes: int = field(default=16, metadata={"help": "verification budget in tree nodes"})
+    admit_prompt: bool = field(default=False, metadata={"help": "admit the prompt's phrases"})
+    keep_cache: bool = field(default=True, metadata={"help": "keep the cache across generate calls"})
+    alpha: float = field(default=0.1, metadata={"help": "Q-learning rate"})
+    gamma: float = field(default=0.99, metadata={"help": "Q-learning discount"})
+    epsilon: float = field(default=0.05, metadata={"help": "exploration rate while learning"})
+    init_continue: float = field(default=0.01, metadata={"help": "initial Q(CONTINUE)"})
+    init_stop: float = field(default=0.0, metadata={"help": "initial Q(STOP)"})
+    benefit_buckets: int = field(default=10, metadata={"help": "expected-benefit buckets"})
+    target_cost: float = field(default=0.0, metadata={"help": "target call in draft calls (0: measured)"})
+    reward: str = field(default="useful", metadata={"help": "'useful' (paper), 'accepted' or 'committed'"})
+    warmup_rounds: int = field(default=0, metadata={"help": "rounds drafting to max_draft_length"})
+    q_table: str = field(default="", metadata={"help": "JSON Q-table to load"})
+    freeze: bool = field(default=False, metadata={"help": "no Q updates, no exploration"})
+    seed: int = field(default=0, metadata={"help": "exploration seed"})
+
+    def __post_init__(self) -> None:
+        if self.reward not in ("useful", "accepted", "committed"):
+            raise ValueError(
+                f"postuse reward must be 'useful', 'accepted' or 'committed', got {self.reward!r}"
+            )
+        for name in ("draft_length", "max_draft_length", "phrase_length", "pool_size", "phrases_per_anchor"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"postuse {name} must be >= 1, got {getattr(self, name)}")
+        if self.phrase_length < 2:
+            raise ValueError("postuse phrase_length (beta) must be >= 2: a phrase is an anchor plus tokens")
+        if not isinstance(self.drafter, str | dict):
+            raise ValueError(f"postuse drafter must be a method spec or a config dict, got {self.drafter!r}")
