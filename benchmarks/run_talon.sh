@@ -1,5 +1,5 @@
 #!/bin/bash
-# The Talon figures of docs/benchmarks-talon.md: datastore scale, then the Spec-Bench comparison (run it under
+# The Talon figures of docs/benchmarks.md (Talon section): datastore scale, then the Spec-Bench comparison (run it under
 # /work/bench-quiet on a quiet machine; ~15 min at normal speed). Outputs go to
 # benchmarks/results/talon-qwen2.5-coder-0.5b-instruct/.
 set -e

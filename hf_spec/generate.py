@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
@@ -42,6 +42,19 @@ class SpecStats:
     time_verify: float = 0.0
     time_other: float = 0.0
     time_prefill: float = 0.0
+    # [d-1]: rounds whose draft reached depth d with the first d-1 accepted / of those, rounds accepting depth d
+    depth_tries: list[int] = field(default_factory=list)
+    depth_hits: list[int] = field(default_factory=list)
+
+    def record_round(self, draft_depth: int, accepted: int) -> None:
+        """Count a round for the conditional acceptance rate by draft depth (HASS Fig. 5, Lyanna Table 1)."""
+        grow = draft_depth - len(self.depth_tries)
+        if grow > 0:
+            self.depth_tries.extend([0] * grow)
+            self.depth_hits.extend([0] * grow)
+        for d in range(min(accepted + 1, draft_depth)):
+            self.depth_tries[d] += 1
+            self.depth_hits[d] += int(accepted > d)
 
     @property
     def tau(self) -> float:
@@ -63,6 +76,8 @@ class SpecStats:
             "time_draft": self.time_draft,
             "time_verify": self.time_verify,
             "time_other": self.time_other,
+            "depth_tries": list(self.depth_tries),
+            "depth_hits": list(self.depth_hits),
         }
 
 
@@ -204,6 +219,7 @@ def speculative_generate(
             stats.new_tokens += len(new_tokens)
             stats.draft_tokens += len(tree)
             stats.accepted_tokens += len(acc.accepted)
+            stats.record_round(int(tree.depth.max()) if len(tree) else 0, len(acc.accepted))
             if not finished:
                 hidden = out.hidden_states[-1][:, keep] if want_hidden else None
                 state.hidden_states = hidden

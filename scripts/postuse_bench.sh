@@ -1,5 +1,5 @@
 #!/bin/bash
-# The Post-use & Pre-cut benchmarks behind docs/benchmarks-postuse.md (each wrapped in /work/bench-quiet on the
+# The Post-use & Pre-cut benchmarks behind docs/benchmarks.md (Post-use section) (each wrapped in /work/bench-quiet on the
 # shared dev machine; drop the wrapper elsewhere). Run from the repository root.
 set -e
 C=benchmarks/configs/postuse-qwen2.5-coder-0.5b-instruct

@@ -7,8 +7,9 @@ import json
 import pytest
 import torch
 
-from hf_spec.bench.runner import first_divergence, load_prompts, spec_bench_group
+from hf_spec.bench.runner import acceptance_by_depth, first_divergence, load_prompts, spec_bench_group
 from hf_spec.cli.main import main
+from hf_spec.generate import SpecStats
 from tests.conftest import STORIES
 
 
@@ -73,7 +74,10 @@ def test_bench_writes_spec_bench_results(prompt_file, tmp_path):
         assert set(entry["per_category"]) == {"writing", "summarization"}
         if name != "ar":
             assert entry["lossless_mismatches"] == 0 and entry["near_tie_mismatches"] == 0
-    assert results["summary"]["oracle:4"]["tau"] > 3.5
+    oracle = results["summary"]["oracle:4"]
+    assert oracle["tau"] > 3.5
+    # the oracle drafts 4 correct tokens a round: every round that drafts accepts all of them
+    assert oracle["acceptance_by_depth"] == [1.0] * 4
     assert len(results["runs"]) == 6 * 3
     assert results["machine"]["torch_threads"] == 1
     assert results["command"].startswith("hf-spec bench --target")
@@ -115,3 +119,8 @@ def test_helpers():
     assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
     assert first_divergence([1, 2], [1, 2, 3]) == 2
     assert spec_bench_group("coding") == "mt_bench" and spec_bench_group("rag") == "rag"
+    assert acceptance_by_depth([8, 5, 0], [10, 8, 0]) == [0.8, 0.625]
+    stats = SpecStats()
+    for depth, accepted in [(3, 0), (3, 3), (2, 1), (3, 1)]:
+        stats.record_round(depth, accepted)
+    assert stats.depth_tries == [4, 3, 1] and stats.depth_hits == [3, 1, 1]

@@ -228,6 +228,12 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
 
+def acceptance_by_depth(hits: list[int], tries: list[int]) -> list[float]:
+    """Conditional acceptance rate at each draft depth: rounds accepting depth d / rounds whose draft reached
+    depth d with depths 1..d-1 accepted (HASS Figure 5, Lyanna Table 1)."""
+    return [h / t for h, t in zip(hits, tries, strict=True) if t]
+
+
 def summarize(runs: list[dict], method_names: list[str], check_lossless: bool) -> dict:
     by = defaultdict(list)
     for r in runs:
@@ -262,6 +268,16 @@ def summarize(runs: list[dict], method_names: list[str], check_lossless: bool) -
         if any("stats" in r for r in rows):
             keys = ("time_prefill", "time_draft", "time_verify", "time_other", "target_forwards")
             entry["totals"] = {k: sum(r["stats"][k] for r in rows) for k in keys}
+            tries, hits = [], []
+            for r in rows:
+                for total, counts in (
+                    (tries, r["stats"].get("depth_tries", [])),
+                    (hits, r["stats"].get("depth_hits", [])),
+                ):
+                    total.extend([0] * (len(counts) - len(total)))
+                    for d, c in enumerate(counts):
+                        total[d] += c
+            entry["acceptance_by_depth"] = [round(a, 4) for a in acceptance_by_depth(hits, tries)]
             entry["overhead_ms_per_round"] = (
                 1000 * entry["totals"]["time_other"] / max(entry["totals"]["target_forwards"], 1)
             )

@@ -63,7 +63,17 @@ def add_common_train_args(parser: argparse.ArgumentParser, draft_vocab: int = 32
 
 
 def common_train_config(args: argparse.Namespace) -> dict:
-    keys = ("draft_vocab", "epochs", "lr", "batch_tokens", "max_len", "seed", "heldout", "save_every", "precision")
+    keys = (
+        "draft_vocab",
+        "epochs",
+        "lr",
+        "batch_tokens",
+        "max_len",
+        "seed",
+        "heldout",
+        "save_every",
+        "precision",
+    )
     optional = ("feature_weight", "ce_weight")  # None: the method's default
     return {key: getattr(args, key) for key in keys} | {
         key: getattr(args, key) for key in optional if getattr(args, key) is not None
