@@ -169,6 +169,28 @@ def test_greedy_equals_generate_and_accepts(trained, seed):
     assert dec.last_stats.accepted_tokens > 0  # the trained head's drafts are really accepted
 
 
+def test_vocab_limit_drafts_frequent_rows_only(trained):
+    model, head, _, _ = trained
+    drafter = EagleDrafter(EagleConfig(depth=3, topk=2, total_tokens=6, vocab_limit=20), model, head=head)
+    drafted: list[int] = []
+    propose = drafter.propose
+
+    def recording_propose(state, max_depth):
+        tree = propose(state, max_depth)
+        drafted.extend(tree.tokens.tolist())
+        return tree
+
+    drafter.propose = recording_propose
+    dec = SpeculativeDecoder(drafter)
+    ids = prompt_ids(12, seed=3)
+    ref = model.generate(ids, max_new_tokens=32, do_sample=False)
+    assert torch.equal(model.generate(ids, max_new_tokens=32, do_sample=False, custom_generate=dec), ref)
+    assert drafted and set(drafted) <= set(head.d2t[:20].tolist())
+    assert head.parts.lm_weight.shape[0] == head.config.draft_vocab_size  # the shared head is untouched
+    with pytest.raises(ValueError, match="vocab_limit 10000 exceeds"):
+        EagleDrafter(EagleConfig(vocab_limit=10_000), model, head=head)
+
+
 def test_custom_generate_folder(trained):
     model, _, _, folder = trained
     ids = prompt_ids(12, seed=4)

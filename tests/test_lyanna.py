@@ -163,6 +163,19 @@ def test_greedy_equals_generate(trained, resample, token_info):
         assert dec.drafter_for(model).resample_count > 0
 
 
+@pytest.mark.parametrize("token_info", ["lowrank", "table"])
+def test_vocab_limit_keeps_greedy_exact(trained, token_info):
+    model, head, _, _ = trained
+    cfg = LyannaConfig(depth=4, topk=2, budget=8, token_info=token_info, vocab_limit=30)
+    drafter = LyannaDrafter(cfg, model, head=head)
+    ids = prompt_ids(12, seed=5)
+    ref = model.generate(ids, max_new_tokens=32, do_sample=False)
+    out = model.generate(ids, max_new_tokens=32, do_sample=False, custom_generate=SpeculativeDecoder(drafter))
+    assert torch.equal(out, ref)
+    assert drafter.chain_logits is None or drafter.chain_logits.shape[-1] == 30
+    assert drafter.token_info(torch.tensor([int(head.d2t[0])])).shape[-1] == 30
+
+
 @pytest.mark.parametrize("loop", ["hf-spec", "transformers"])
 def test_sampling_keeps_target_distribution(loop):
     """Chi-square of per-position token counts vs the target's exact marginals (tiny vocabulary), both loops."""

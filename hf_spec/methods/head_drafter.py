@@ -57,6 +57,13 @@ class HeadDrafter(Drafter):
             self.head = head.attach_target(model)
         else:
             self.head = load_draft_head(self.head_cls, config.head, model, config.method)
+        limit, full = getattr(config, "vocab_limit", 0), self.head.config.draft_vocab_size
+        if limit > full:
+            raise ValueError(
+                f"{config.method}: vocab_limit {limit} exceeds the head's draft vocabulary ({full})"
+            )
+        # the LM-head rows drafted from: d2t is most-frequent first, so the first N rows are the N most frequent
+        self.lm_weight = self.head.parts.lm_weight[: limit or full]
         self.norm = model.model.norm
         self.cache = DynamicCache()
         self.pending_features: list[torch.Tensor] = []  # [n, H] chunks

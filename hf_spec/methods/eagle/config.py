@@ -16,6 +16,8 @@ class EagleConfig(MethodConfig):
         depth: draft tree depth (head forwards per round).
         topk: children kept per expanded node, and nodes expanded per level.
         total_tokens: verification budget: nodes kept after the global rerank by cumulative log-probability.
+        vocab_limit: draft from the first N rows of the head's draft vocabulary only (the N most frequent
+            tokens; 0 = all): a smaller LM-head read per level, fewer tokens draftable.
     """
 
     method: ClassVar[str] = "eagle"
@@ -25,10 +27,15 @@ class EagleConfig(MethodConfig):
     depth: int = field(default=5, metadata={"help": "draft tree depth"})
     topk: int = field(default=4, metadata={"help": "children per expanded node / nodes expanded per level"})
     total_tokens: int = field(default=16, metadata={"help": "nodes verified per round (after the rerank)"})
+    vocab_limit: int = field(
+        default=0, metadata={"help": "draft from the N most frequent draft tokens (0: all)"}
+    )
 
     def __post_init__(self) -> None:
         if self.depth < 1 or self.topk < 1 or self.total_tokens < 1:
             raise ValueError("eagle: depth, topk and total_tokens must be >= 1")
+        if self.vocab_limit < 0:
+            raise ValueError("eagle: vocab_limit must be >= 0")
 
     @classmethod
     def from_cli_arg(cls, arg: str | None) -> EagleConfig:

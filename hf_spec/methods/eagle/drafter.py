@@ -43,8 +43,7 @@ class EagleDrafter(HeadDrafter):
 
     def _logp(self, h: torch.Tensor) -> torch.Tensor:
         """Head states `(n, H)` -> log-probabilities over the draft vocabulary `(n, V_draft)`."""
-        parts = self.head.parts
-        return torch.log_softmax(skinny_linear(parts.norm(h), parts.lm_weight).float(), dim=-1)
+        return torch.log_softmax(skinny_linear(self.head.parts.norm(h), self.lm_weight).float(), dim=-1)
 
     def _grow(self, h_root: torch.Tensor, root_pos: int, depth: int) -> DraftTree:
         cfg, d2t = self.config, self.head.d2t

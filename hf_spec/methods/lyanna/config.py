@@ -25,6 +25,8 @@ class LyannaConfig(MethodConfig):
         resample_budget: nodes of the re-sampled subtree kept for fusion.
         token_info: "lowrank" (E_t W_1 W_2 per node), "table" (collapsed rows of the hot tokens), "off".
         hot_tokens: source tokens that get token info (the most frequent; 0 = the whole draft vocabulary).
+        vocab_limit: draft from the first N rows of the head's draft vocabulary only (the N most frequent
+            tokens; 0 = all): a smaller LM-head read and token-info rows, fewer tokens draftable.
     """
 
     method: ClassVar[str] = "lyanna"
@@ -42,7 +44,13 @@ class LyannaConfig(MethodConfig):
         default=0, metadata={"help": "tokens with token info (0: whole draft vocabulary)"}
     )
 
+    vocab_limit: int = field(
+        default=0, metadata={"help": "draft from the N most frequent draft tokens (0: all)"}
+    )
+
     def __post_init__(self) -> None:
+        if self.vocab_limit < 0:
+            raise ValueError("lyanna: vocab_limit must be >= 0")
         if self.resample not in RESAMPLE_MODES:
             raise ValueError(f"lyanna: resample must be one of {RESAMPLE_MODES}, got {self.resample!r}")
         if self.token_info not in TOKEN_INFO_MODES:

@@ -38,11 +38,12 @@ class LyannaDrafter(HeadDrafter):
         if cfg.token_info == "off" or not head.config.token_info_rank:
             return None
         vocab = head.parts.embed_tokens.weight.shape[0]
+        cols = self.lm_weight.shape[0]  # the draft vocabulary, or its first vocab_limit rows
         hot = head.d2t if cfg.hot_tokens <= 0 else head.d2t[: cfg.hot_tokens]
         row_of = torch.full((vocab,), -1, dtype=torch.long)
         row_of[hot] = torch.arange(len(hot))
         if cfg.token_info == "table":  # collapsed: one row read per node
-            table = head.token_info_table(hot)  # [hot, V_draft]
+            table = head.token_info_table(hot)[:, :cols].contiguous()  # [hot, V_draft]
 
             def lookup(ids: torch.Tensor) -> torch.Tensor:
                 rows = row_of[ids]
@@ -52,7 +53,7 @@ class LyannaDrafter(HeadDrafter):
 
         def lowrank(ids: torch.Tensor) -> torch.Tensor:
             with torch.no_grad():
-                return head.token_info(ids) * (row_of[ids] >= 0).unsqueeze(-1)
+                return head.token_info(ids)[..., :cols] * (row_of[ids] >= 0).unsqueeze(-1)
 
         return lowrank
 
@@ -96,10 +97,8 @@ class LyannaDrafter(HeadDrafter):
             if depth <= 0:
                 return DraftTree.empty()
             chain = self._chain(h_root, state.seq_len - 1, depth)  # [depth, H]
-            parts = self.head.parts
-            self.chain_logits = skinny_linear(
-                parts.norm(chain), parts.lm_weight
-            )  # ONE LM-head call: [depth, V]
+            # ONE LM-head call for the whole chain: [depth, V_draft]
+            self.chain_logits = skinny_linear(self.head.parts.norm(chain), self.lm_weight)
         tree = prune(token_info_tree(self.chain_logits, self.token_info, self.head.d2t, cfg.topk), cfg.budget)
         if self.resampled is not None:  # verification fusion
             tree = fuse(tree, self.resampled)

@@ -1,0 +1,18 @@
+#!/bin/bash
+# The draft-head figures of docs/benchmarks.md (issues 3 and 4): EAGLE, HASS and Lyanna heads against ar and
+# transformers' baselines in one run. Usage: benchmarks/run_heads.sh <target> [per-category] [max-new-tokens]
+# Outputs: benchmarks/results/heads-<target>/. The heads are model_cards/{eagle,hass,lyanna}-<target>/
+# (scripts/train_heads.sh trains them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+T=$1; PER=${2:-1}; NEW=${3:-128}
+C=benchmarks/configs
+case $T in
+  qwen2.5-coder-0.5b-instruct) EXIT=6 ;;
+  smollm2-135m-instruct) EXIT=6 ;;
+  *) echo "unknown target $T" >&2; exit 2 ;;
+esac
+hf-spec bench --target "$T" \
+  --methods "ar,hf-pld,hf-early-exit:$EXIT,pld,eagle:$C/eagle-$T.json,eagle:$C/hass-$T.json,lyanna:$C/lyanna-$T.json" \
+  --prompts ../shared/data/eval/spec_bench_dev.jsonl --per-category "$PER" --max-new-tokens "$NEW" \
+  --check-lossless --out "benchmarks/results/heads-$T"
