@@ -46,7 +46,8 @@ def head_card(
         f"{report.get('train_tokens')} tokens; {report.get('heldout_conversations')} conversations held out.",
         f"- Objective: {_objective(cfg)}",
         f"- Draft vocabulary: {cfg.get('draft_vocab')} most frequent answer tokens "
-        f"(coverage {report.get('draft_vocab_coverage')} of answer tokens).",
+        f"(coverage {report.get('draft_vocab_coverage')} of "
+        f"{report.get('draft_vocab_coverage_on', 'training')} answer tokens).",
         f"- Steps: {report.get('steps')} ({report.get('epochs')} epochs), lr {cfg.get('lr')}, batch "
         f"{cfg.get('batch_tokens')} tokens, seed {cfg.get('seed')}; wall time {report.get('wall_seconds')} s "
         "on the CPU named in the command's log.",

@@ -167,7 +167,7 @@ def train_head(
     head.attach_target(target)
     t2d = torch.full((vocab_size,), -1, dtype=torch.long)
     t2d[head.d2t] = torch.arange(len(head.d2t))
-    coverage = vocabulary_coverage(train_set, head.d2t, vocab_size)
+    coverage = vocabulary_coverage(heldout or train_set, head.d2t, vocab_size)  # held-out when there is one
 
     lengths = [min(len(s["input_ids"]), cfg.max_len) for s in train_set]
     steps_per_epoch = len(epoch_batches(lengths, cfg.batch_tokens, cfg.seed, 0))
@@ -226,6 +226,7 @@ def train_head(
         "train_tokens": sum(lengths),
         "heldout_conversations": len(heldout),
         "draft_vocab_coverage": round(coverage, 4),
+        "draft_vocab_coverage_on": "held-out" if heldout else "training",
         "wall_seconds": round(extra["wall_seconds"]),
         "final_loss": extra["history"][-1]["loss"] if extra["history"] else None,
         "first_loss": extra["history"][0]["loss"] if extra["history"] else None,
