@@ -130,6 +130,10 @@ def test_saved_folder_round_trip(trained):
         assert not any("embed" in k or "lm_head" in k for k in f.keys())  # the target's parts are not stored
     loaded = load_head(str(path), model)
     assert torch.equal(loaded.d2t, head.d2t)
+    for _ in range(3):  # non-persistent rotary buffers are recomputed on every load, never left as raw memory
+        again = load_head(str(path), model)
+        assert torch.equal(again.rotary_emb.inv_freq, head.rotary_emb.inv_freq)
+        assert torch.equal(again.rotary_emb.original_inv_freq, head.rotary_emb.original_inv_freq)
     x = torch.randn(1, 5, model.config.hidden_size)
     ids, pos = torch.randint(3, 96, (1, 5)), torch.arange(1, 6)[None]
     mask = alignment_mask(5, 1)[None, None]

@@ -203,6 +203,7 @@ def test_save_load_and_errors(trained, tmp_path):
     loaded = load_lyanna_head(str(folder / "head"), model)
     assert torch.equal(loaded.d2t, head.d2t)
     assert loaded.config.token_info_rank == head.config.token_info_rank
+    assert torch.equal(loaded.rotary_emb.inv_freq, head.rotary_emb.inv_freq)  # not raw memory after loading
     ids = torch.tensor([3, 4])
     with torch.no_grad():
         assert torch.allclose(loaded.token_info(ids), head.token_info(ids), atol=0.05 * math.sqrt(80))

@@ -89,6 +89,9 @@ class DraftHeadModel(PreTrainedModel):
         self.post_init()
 
     def _init_weights(self, module: nn.Module) -> None:
+        # the base class also computes the rotary `inv_freq` buffers: they are not persistent (never in the
+        # checkpoint), so `from_pretrained` leaves them uninitialised unless this runs for the rotary module
+        super()._init_weights(module)
         if isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, std=0.02)
             if module.bias is not None:
