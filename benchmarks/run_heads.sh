@@ -12,7 +12,11 @@ case $T in
   smollm2-135m-instruct) EXIT=6 ;;
   *) echo "unknown target $T" >&2; exit 2 ;;
 esac
-hf-spec bench --target "$T" \
-  --methods "ar,hf-pld,hf-early-exit:$EXIT,pld,eagle:$C/eagle-$T.json,eagle:$C/hass-$T.json,lyanna:$C/lyanna-$T.json" \
+methods="ar,hf-pld,hf-early-exit:$EXIT,pld"
+for kind in eagle hass lyanna; do  # the heads trained so far
+  method=$([ $kind = lyanna ] && echo lyanna || echo eagle)
+  [ -f "model_cards/$kind-$T/config.json" ] && methods+=",$method:$C/$kind-$T.json"
+done
+hf-spec bench --target "$T" --methods "$methods" \
   --prompts ../shared/data/eval/spec_bench_dev.jsonl --per-category "$PER" --max-new-tokens "$NEW" \
   --check-lossless --out "benchmarks/results/heads-$T"
