@@ -8,15 +8,17 @@ import json
 import pytest
 import torch
 from safetensors import safe_open
-from transformers import AutoModel, DynamicCache
+from transformers import AutoModel, DynamicCache, GenerationConfig
 
 from hf_spec import SpeculativeDecoder
 from hf_spec.heads.eagle import EagleHeadConfig, EagleHeadModel
 from hf_spec.heads.eagle.losses import alignment_mask, topk_loss
 from hf_spec.heads.eagle.train import EagleTrainConfig, train_eagle
 from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER, save_head_folder
+from hf_spec.methods.base import SpecState
 from hf_spec.methods.eagle import EagleConfig, EagleDrafter
 from hf_spec.methods.eagle.drafter import load_head
+from hf_spec.methods.postuse import PostUseConfig, PostUseDrafter
 from hf_spec.training.features import FeatureStore, capture_features
 from hf_spec.training.responses import Conversation
 from tests.conftest import make_tiny_model, prompt_ids
@@ -193,6 +195,69 @@ def test_vocab_limit_drafts_frequent_rows_only(trained):
     assert head.parts.lm_weight.shape[0] == head.config.draft_vocab_size  # the shared head is untouched
     with pytest.raises(ValueError, match="vocab_limit 10000 exceeds"):
         EagleDrafter(EagleConfig(vocab_limit=10_000), model, head=head)
+
+
+def _head_state(model, ids: torch.Tensor) -> SpecState:
+    """The loop's state after the prefill of `ids[:, :-1]` (target cache + last-layer hidden states)."""
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        out = model(input_ids=ids[:, :-1], past_key_values=cache, use_cache=True, output_hidden_states=True)
+    return SpecState(model, cache, ids, GenerationConfig(), hidden_states=out.hidden_states[-1])
+
+
+def test_draft_step_branches_equal_chain_steps(trained):
+    """Step-wise drafting (Post-use): a branch fed level by level behind the chain gives the logits of feeding
+    its tokens one call at a time as the chain; the first chain row is `propose`'s first level."""
+    model, head, _, _ = trained
+    ids = prompt_ids(12, seed=6)
+    root, branches = int(ids[0, -1]), [[7, 8, 9], [10], [7, 11]]
+
+    def stepper() -> tuple[EagleDrafter, SpecState]:
+        drafter = EagleDrafter(EagleConfig(), model, head=head)
+        state = _head_state(model, ids)
+        drafter.begin(state)
+        assert drafter.draft_start(state)
+        return drafter, state
+
+    drafter, state = stepper()
+    step = drafter.draft_step([root], branches)
+    first = torch.log_softmax(step.chain, -1)[head.d2t]
+    with torch.no_grad():
+        ref_drafter, ref_state = EagleDrafter(EagleConfig(), model, head=head), _head_state(model, ids)
+        ref_drafter.begin(ref_state)
+        h_root = ref_drafter.catch_up(ref_state, head)
+        torch.testing.assert_close(first, ref_drafter._logp(h_root[None])[0], atol=1e-4, rtol=1e-4)
+    assert torch.isinf(step.chain[~torch.isin(torch.arange(step.chain.shape[0]), head.d2t)]).all()
+    for b, branch in enumerate(branches):
+        ref, ref_state = stepper()
+        rows = [ref.draft_step([root] if j == 0 else [branch[j - 1]]).chain for j in range(len(branch) + 1)]
+        torch.testing.assert_close(step.branches[b], torch.stack(rows[1:]), atol=1e-4, rtol=1e-4)
+        ref.draft_stop(ref_state)
+    # keep 2 tokens of branch 2, then one more step: as if [7, 11] had been fed as chain tokens
+    drafter.draft_keep(2, 2, [7, 11])
+    step = drafter.draft_step([4], [[5, 6]])
+    ref, ref_state = stepper()
+    rows = [ref.draft_step([t]).chain for t in (root, 7, 11, 4, 5, 6)]
+    torch.testing.assert_close(step.chain, rows[3], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(step.branches[0], torch.stack(rows[4:]), atol=1e-4, rtol=1e-4)
+    committed = ids.shape[1] - 1  # head positions 1..root
+    drafter.draft_stop(state)
+    assert drafter.cache.get_seq_length() == committed
+
+
+@pytest.mark.parametrize("name", ["all", "precut-only"])
+def test_postuse_around_a_head_equals_generate(trained, name):
+    """Post-use & Pre-cut wrap an EAGLE head step-wise (drafter-side reuse, Pre-cut) and at the target."""
+    model, head, _, _ = trained
+    kw = {"all": dict(max_draft_length=6), "precut-only": dict(reuse_draft=False, reuse_target=False)}[name]
+    inner = EagleDrafter(EagleConfig(), model, head=head)
+    drafter = PostUseDrafter(PostUseConfig(drafter="eagle", warmup_rounds=2, **kw), model, inner=inner)
+    dec = SpeculativeDecoder(drafter)
+    for seed in (1, 2):
+        ids = prompt_ids(12, seed=seed)
+        ref = model.generate(ids, max_new_tokens=40, do_sample=False)
+        assert torch.equal(model.generate(ids, max_new_tokens=40, do_sample=False, custom_generate=dec), ref)
+    assert drafter.stats.chain_accepted > 0 and drafter.stats.draft_calls > 0
 
 
 def test_custom_generate_folder(trained):

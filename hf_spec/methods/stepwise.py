@@ -9,7 +9,8 @@
 
 A drafter opts in by mixing in `StepwiseDrafter` and implementing its four hooks (`_step_prepare`,
 `_step_forward`, `_step_compact`, `_step_finish`); the bookkeeping of fed/kept/provisional positions
-lives here once.
+lives here once. Feature heads, whose input at a position is their own output at the one before, cannot feed
+a block in one forward and override the four entry points instead (`hf_spec.methods.eagle.stepwise`).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from hf_spec.heads.eagle.modeling import EagleHeadModel
 from hf_spec.kernels.skinny_linear import fast_linears, skinny_linear
 from hf_spec.methods.base import SpecState
 from hf_spec.methods.eagle.config import EagleConfig
+from hf_spec.methods.eagle.stepwise import EagleStepper
 from hf_spec.methods.head_drafter import HeadDrafter, load_draft_head
 from hf_spec.tree.buffers import DraftTree
 from hf_spec.tree.scored import ScoredTree, prune, to_draft_tree
@@ -25,7 +26,9 @@ def load_head(path: str, target) -> EagleHeadModel:
     return load_draft_head(EagleHeadModel, path, target, "eagle")
 
 
-class EagleDrafter(HeadDrafter):
+class EagleDrafter(HeadDrafter, EagleStepper):
+    """EAGLE-2 dynamic trees (`propose`); also a step-wise top-1 chain drafter (`EagleStepper`) for Post-use."""
+
     config: EagleConfig
     head_cls = EagleHeadModel
 
