@@ -62,7 +62,9 @@ class HfSpecCandidateGenerator(CandidateGenerator):
             return input_ids, None  # let the target prefill the prompt: its hidden states come back next call
         if self.state is None:
             hidden = outputs.hidden_states[-1] if self.wants_hidden else None
-            self.state = SpecState(self.model, cache, input_ids, self.generation_config, hidden)
+            self.state = SpecState(
+                self.model, cache, input_ids, self.generation_config, hidden, uses_verify_forward=False
+            )
             self.drafter.begin(self.state)
         elif self.last_round is not None:
             num_matches, new_tokens = self.last_round

@@ -6,6 +6,7 @@ import threading
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 from hf_spec import SpeculativeDecoder
 from hf_spec.datastore import DatastoreRecipe, TokenIndex
@@ -14,6 +15,9 @@ from hf_spec.methods.retrieval.config import RetrievalConfig
 from hf_spec.methods.talon.config import TalonConfig
 from hf_spec.methods.talon.drafter import TalonDrafter
 from hf_spec.methods.talon.overlap import THREAD_PREFIX
+from hf_spec.methods.talon.preverify import finish_verification, pre_verify
+from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
+from hf_spec.tree.fusion import fuse_trees
 from tests.conftest import make_tiny_model, prompt_ids
 from tests.stats import sampled_marginals_pvalues
 from tests.test_sampling import SampledTreeDrafter, V
@@ -94,6 +98,63 @@ def test_async_output_equals_sync_output(tiny_llama, store_dir):
     assert not leaked()
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_finish_verification_equals_the_stock_forward(tiny_model, seed):
+    """Pre-verifying the retrieval tree, then the fused tree's other nodes: the stock forward of the fused
+    tree (logits, last hidden states, and the cache block in fused order)."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = prompt_ids(10, seed=seed)
+
+    def random_tree(n: int) -> DraftTree:
+        parents = [-1] + [int(torch.randint(-1, i, (1,), generator=gen)) for i in range(1, n)]
+        return DraftTree(torch.randint(3, 12, (n,), generator=gen), torch.tensor(parents))
+
+    ret_tree, model_tree = random_tree(6), random_tree(4)
+    fused, _, ret_map = fuse_trees(model_tree, ret_tree)
+    root, past = int(ids[0, -1]), ids.shape[1] - 1
+
+    def prefilled():
+        cache = DynamicCache(config=tiny_model.config)
+        with torch.no_grad():
+            tiny_model(input_ids=ids[:, :-1], past_key_values=cache, use_cache=True)
+        return cache
+
+    ref_cache, cache = prefilled(), prefilled()
+    with torch.no_grad():
+        ref = tiny_model(
+            input_ids=torch.cat([ids[0, -1:], fused.tokens])[None],
+            position_ids=tree_position_ids(fused, past),
+            attention_mask=tree_attention_mask(fused, past),
+            past_key_values=ref_cache,
+            use_cache=True,
+            output_hidden_states=True,
+        )
+    pre = pre_verify(tiny_model, cache, root, ret_tree, output_hidden_states=True)
+    out = finish_verification(tiny_model, cache, pre, fused, ret_map, output_hidden_states=True)
+    torch.testing.assert_close(out.logits, ref.logits, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out.hidden_states[-1], ref.hidden_states[-1], atol=1e-4, rtol=1e-4)
+    for layer, ref_layer in zip(cache.layers, ref_cache.layers, strict=True):
+        torch.testing.assert_close(layer.keys, ref_layer.keys, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(layer.values, ref_layer.values, atol=1e-5, rtol=1e-5)
+
+
+def test_pre_verify_output_equals_generate(tiny_llama, store_dir):
+    """Async rounds that do not draft ahead pre-verify the retrieval tree beside the model drafting."""
+    path = tiny_datastore(tiny_llama, store_dir / "pre")
+    dec = SpeculativeDecoder(
+        talon(path, mode="async", adaptive=False, pre_verify=True, async_min_acceptance=0.5)
+    )
+    drafter = dec.drafter_for(tiny_llama)
+    for s in (3, 4):
+        ids = prompt_ids(12, seed=s)
+        ref = tiny_llama.generate(ids, max_new_tokens=40, do_sample=False)
+        assert torch.equal(
+            tiny_llama.generate(ids, max_new_tokens=40, do_sample=False, custom_generate=dec), ref
+        )
+    assert drafter.rounds["pre_verified"] > 0
+    assert not leaked()
+
+
 class Boom(Exception):
     pass
 
@@ -163,6 +224,8 @@ def test_bad_configs_are_clear_errors(tiny_llama):
         TalonConfig(retrieval=None, drafter="")
     with pytest.raises(ValueError, match="mode"):
         TalonConfig(mode="parallel")
+    with pytest.raises(ValueError, match="pre_verify needs mode 'async'"):
+        TalonConfig(pre_verify=True)
     with pytest.raises(ValueError, match="own state"):
         TalonDrafter(TalonConfig(drafter="pld", mode="async"), tiny_llama)
     with pytest.raises(ValueError, match="unknown retrieval config keys"):

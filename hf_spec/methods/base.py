@@ -26,6 +26,8 @@ class SpecState:
         hidden_states: with `requires_hidden_states`, the target's last-layer hidden states of the positions
             committed by the last forward, `(1, num_positions, hidden_size)`; after the prefill these are the
             prompt's positions but the last.
+        uses_verify_forward: the loop verifies through `Drafter.verify_forward` (hf-spec's loop); False in
+            transformers' assisted loop, which runs its own forward.
     """
 
     model: PreTrainedModel
@@ -33,6 +35,7 @@ class SpecState:
     input_ids: torch.Tensor  # [1, seq_len]
     generation_config: GenerationConfig
     hidden_states: torch.Tensor | None = None  # [1, num_positions, hidden_size]
+    uses_verify_forward: bool = True
 
     @property
     def do_sample(self) -> bool:

@@ -35,7 +35,7 @@ def crop_cache(cache: Cache, length: int, layers: range | None = None) -> None:
 
 def compact_cache(cache: Cache, past_length: int, keep: list[int], layers: range | None = None) -> None:
     """After verifying a block written at `[past_length, past_length + block)`, keep only the block positions
-    listed in `keep` (relative, increasing) and drop the rest of the block.
+    listed in `keep` (relative; the kept block is rebuilt in `keep`'s order) and drop the rest.
 
     Example: block = [root, a, b, c] with path root -> c accepted: `keep = [0, 3]`.
     A prefix (`keep == [0, 1, ..., k-1]`) is a plain crop, with no copy.

@@ -26,7 +26,11 @@ class TalonConfig(MethodConfig):
         verify_threads: torch threads of the verification while the drafting thread runs (0: all cores minus
             `draft_threads`, at least 1).
         async_min_acceptance: async drafting-ahead only pays when the guess holds; below this running rate of
-            fully accepted model chains a round runs synchronously (Figure 1's switch).
+            fully accepted model chains a round does not draft ahead (Figure 1's switch).
+        pre_verify: async mode, rounds that do not draft ahead: pre-retrieve & pre-verify: the target verifies
+            the retrieval tree on the worker thread while the model drafter drafts; the round's verification
+            forward then computes only the model's nodes the retrieval tree did not have (hf-spec's loop only;
+            transformers' assisted loop falls back to sync rounds).
     """
 
     method = "talon"
@@ -44,11 +48,16 @@ class TalonConfig(MethodConfig):
     async_min_acceptance: float = field(
         default=0.0, metadata={"help": "draft ahead only above this chain acceptance rate"}
     )
+    pre_verify: bool = field(
+        default=False, metadata={"help": "async: pre-verify the retrieval tree while the model drafts"}
+    )
 
     def __post_init__(self) -> None:
         if self.mode not in ("sync", "async"):
             raise ValueError(f"talon: mode must be 'sync' or 'async', got {self.mode!r}")
         if self.retrieval is None and not self.drafter:
             raise ValueError("talon: both halves are off (retrieval is null and drafter is empty)")
+        if self.pre_verify and (self.mode != "async" or self.retrieval is None or not self.drafter):
+            raise ValueError("talon: pre_verify needs mode 'async' with both retrieval and a model drafter")
         if self.draft_threads < 1 or self.verify_threads < 0 or self.draft_ahead < 0:
             raise ValueError("talon: draft_threads >= 1, verify_threads >= 0 and draft_ahead >= 0")

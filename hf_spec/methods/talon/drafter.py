@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import torch
+
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
 from hf_spec.methods.early_exit.config import EarlyExitConfig
 from hf_spec.methods.retrieval.config import RetrievalConfig
@@ -7,18 +9,24 @@ from hf_spec.methods.retrieval.retriever import Retriever
 from hf_spec.methods.talon.chain import ExitChain
 from hf_spec.methods.talon.config import TalonConfig
 from hf_spec.methods.talon.overlap import DraftWorker
+from hf_spec.methods.talon.preverify import PreVerified, finish_verification, pre_verify
 from hf_spec.models.layers import decoder_parts
 from hf_spec.registry import get_method, parse_method
 from hf_spec.tree.buffers import DraftTree
 from hf_spec.tree.fusion import fuse_trees, fused_path
+from hf_spec.verify.cache import cache_length, crop_cache
 
 
 class TalonDrafter(Drafter):
     """Hybrid drafting: model tree (first) fused with the retrieval tree; see `TalonConfig`.
 
     Per round (sync):   retrieval tree | model chain -> fuse -> verify
-    Per round (async):  retrieval tree | model chain (already drafted ahead when the guess held) -> fuse ->
-                        start drafting the next block on the worker -> the loop verifies meanwhile
+    Per round (async, pre-retrieve & post-verify): retrieval tree | model chain (already drafted ahead when the
+                        guess held) -> fuse -> start drafting the next block on the worker -> the loop verifies
+                        meanwhile
+    Per round (async, pre-retrieve & pre-verify, `pre_verify`; rounds that do not draft ahead): retrieval tree ->
+                        the worker runs the target on it | the model drafts its chain -> fuse -> the loop's
+                        verification computes only the model's new nodes (`verify_forward`)
     """
 
     config: TalonConfig
@@ -49,7 +57,8 @@ class TalonDrafter(Drafter):
                 self.requires_hidden_states = self.sub.requires_hidden_states
         self.worker: DraftWorker | None = None
         self._round: tuple[DraftTree, list[int]] | None = None  # sub-drafter's tree and its fused indices
-        self.rounds = {"model": 0, "ahead_kept": 0, "ahead_dropped": 0, "chain_full": 0}
+        self.rounds = {"model": 0, "ahead_kept": 0, "ahead_dropped": 0, "chain_full": 0, "pre_verified": 0}
+        self._pre: tuple[PreVerified, DraftTree, list[int]] | None = None  # (pre-verified, fused tree, map)
         self._chain_rate = 1.0  # running rate of fully accepted model chains (async switch)
         self._last_chain: list[int] = []
 
@@ -62,13 +71,14 @@ class TalonDrafter(Drafter):
         if self.config.mode == "async" and self.chain is not None:
             self.worker = DraftWorker(self.config.draft_threads, self.config.verify_threads)
         self._chain_rate = 1.0
+        self._pre = None
 
     def end(self, state: SpecState) -> None:
         try:
             if self.worker is not None:
                 self.worker.close()
         finally:
-            self.worker = None
+            self.worker, self._pre = None, None
             if self.chain is not None:
                 self.chain.end()
             if self.sub is not None:
@@ -87,20 +97,55 @@ class TalonDrafter(Drafter):
         use_model = self.chain is not None or self.sub is not None
         if use_model and self.config.adaptive and self.retriever is not None:
             use_model = match < self.retriever.config.strong_match
-        model_tree = self._model_tree(state, max_depth) if use_model else DraftTree.empty()
-        fused, model_map, _ = fuse_trees(model_tree, ret_tree)
+        ahead = self.worker is not None and self._chain_rate >= self.config.async_min_acceptance
+        pre = None
+        if use_model and not ahead and self._can_pre_verify(state, ret_tree):
+            root = int(state.input_ids[0, -1])
+            want_hidden = self.requires_hidden_states
+            self.worker.submit(lambda stop: pre_verify(state.model, state.cache, root, ret_tree, want_hidden))
+            try:
+                model_tree = self._model_tree(state, max_depth)
+            finally:
+                pre = self.worker.result()  # re-raises the worker's error
+        else:
+            model_tree = self._model_tree(state, max_depth) if use_model else DraftTree.empty()
+        fused, model_map, ret_map = fuse_trees(model_tree, ret_tree)
         self._round = (model_tree, model_map)
+        self._pre = (pre, fused, ret_map) if pre is not None else None
+        self.rounds["pre_verified"] += pre is not None
         if use_model:
             self.rounds["model"] += 1
-            if (
-                self.worker is not None
-                and len(model_tree)
-                and self._chain_rate >= self.config.async_min_acceptance
-            ):
+            if ahead and len(model_tree):
                 ahead = self.config.draft_ahead or self.chain_len
                 n = len(model_tree) + 1 + ahead  # the chain, the guessed bonus, then the next block
                 self.worker.submit(lambda stop: self.chain.draft(n, stop))
         return fused
+
+    def _can_pre_verify(self, state: SpecState, ret_tree: DraftTree) -> bool:
+        return (
+            self.config.pre_verify
+            and self.worker is not None
+            and len(ret_tree) > 0
+            and state.uses_verify_forward
+            and cache_length(state.cache) == state.seq_len - 1
+        )
+
+    def verify_forward(self, state, tree, input_ids, position_ids, attention_mask, output_hidden_states):
+        """With a pre-verified retrieval tree: only the fused tree's other nodes run now (see `preverify.py`)."""
+        pending, self._pre = self._pre, None
+        if pending is None:
+            return super().verify_forward(
+                state, tree, input_ids, position_ids, attention_mask, output_hidden_states
+            )
+        pre, fused, ret_map = pending
+        if tree is not fused and not (
+            torch.equal(tree.tokens, fused.tokens) and torch.equal(tree.parents, fused.parents)
+        ):  # the loop changed the tree: forget the pre-verified block
+            crop_cache(state.cache, pre.past)
+            return super().verify_forward(
+                state, tree, input_ids, position_ids, attention_mask, output_hidden_states
+            )
+        return finish_verification(state.model, state.cache, pre, fused, ret_map, output_hidden_states)
 
     def _model_tree(self, state: SpecState, max_depth: int) -> DraftTree:
         if self.sub is not None:
