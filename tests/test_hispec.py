@@ -158,6 +158,18 @@ def test_bad_layers_are_clear_errors(model6):
         HiSpecConfig(num_draft_tokens=0)
 
 
+def test_transformers_assisted_loop_is_refused(model6):
+    """HiSpec needs the loop to call its verify_forward; transformers' loop does not: a clear error."""
+    from hf_spec.integrations import enable_assistant
+
+    dec = SpeculativeDecoder(HiSpecConfig(draft_layer=1, verify_layer=3))
+    with (
+        enable_assistant(model6, loop="transformers"),
+        pytest.raises(ValueError, match="hf-spec's loop only"),
+    ):
+        model6.generate(prompt_ids(10), max_new_tokens=8, do_sample=False, assistant_model=dec)
+
+
 def test_default_placement_is_depth_over_8_and_4():
     model = make_tiny_model("llama", layers=16)
     drafter = HiSpecDrafter(HiSpecConfig(), model)

@@ -91,6 +91,11 @@ class HiSpecDrafter(Drafter):
         self._round: HiSpecRound | None = None
 
     def begin(self, state: SpecState) -> None:
+        if not state.uses_verify_forward:
+            raise ValueError(
+                "hispec continues the target's forward from its intermediate layer, so it runs in hf-spec's loop "
+                "only (custom_generate= or SpeculativeDecoder), not as transformers' assistant_model"
+            )
         self.counts = Counter()
         self._round = None
 
