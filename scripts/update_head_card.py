@@ -34,6 +34,7 @@ def measured_rows(folder: Path, results_files: list[str]) -> list[dict]:
             if names_head(method, folder):
                 rows.append(
                     {
+                        "method": method,
                         "prompts": entry["prompts"],
                         "tau": entry["tau"],
                         "speedup": entry["speedup_vs_ar"],

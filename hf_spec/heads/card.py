@@ -14,7 +14,7 @@ def head_card(
     command: str,
     measured: list[dict[str, Any]] | None = None,
 ) -> str:
-    """Markdown card. `measured`: rows of `{"prompts", "tau", "speedup", "command", "machine", "date"}`."""
+    """Markdown card. `measured`: rows of `{"method", "prompts", "tau", "speedup", "command", "machine", "date"}`."""
     cfg = report.get("config", {})
     heldout = report.get("heldout", {})
     lines = [
@@ -61,14 +61,15 @@ def head_card(
     ]
     if measured:
         lines += [
-            "| prompts | tau | speedup vs plain generate | machine | date | command |",
+            "| decoding config | prompts | tau | speedup vs plain generate | machine | date |",
             "|---|---|---|---|---|---|",
         ]
         for row in measured:
             lines.append(
-                f"| {row['prompts']} | {row['tau']:.2f} | {row['speedup']:.2f}x | {row['machine']} | {row['date']} "
-                f"| `{row['command']}` |"
+                f"| `{row.get('method', '')}` | {row['prompts']} | {row['tau']:.2f} | {row['speedup']:.2f}x "
+                f"| {row['machine']} | {row['date']} |"
             )
+        lines += ["", "Commands:", ""] + [f"- `{c}`" for c in dict.fromkeys(r["command"] for r in measured)]
     else:
         lines.append("Not benchmarked yet: run the `hf-spec bench` command above; see docs/benchmarks.md.")
     lines += ["", "## Training report", "", "```json", json.dumps(report, indent=1)[:6000], "```", ""]
