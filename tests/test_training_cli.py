@@ -89,3 +89,13 @@ def test_train_cli_end_to_end_and_resume(tmp_path, prompts_file, kind):
         ids, max_new_tokens=32, do_sample=False, custom_generate=str(out), trust_remote_code=True
     )
     assert torch.equal(out_ids, ref)
+
+
+def test_head_card_lists_measured_rows_with_their_config():
+    from hf_spec.heads.card import head_card
+
+    row = {"method": "eagle:c.json", "prompts": 13, "tau": 1.5, "speedup": 1.1, "machine": "cpu", "date": "d"}
+    rows = [row | {"command": "hf-spec bench A"}, row | {"tau": 1.2, "command": "hf-spec bench A"}]
+    card = head_card("HASS", "eagle", "t", {"config": {}}, "cmd", rows)
+    assert "| `eagle:c.json` | 13 | 1.50 | 1.10x | cpu | d |" in card and "| 1.20 |" in card
+    assert card.count("- `hf-spec bench A`") == 1  # one line per distinct command
