@@ -12,6 +12,7 @@ from hf_spec.config import MethodConfig, read_config
 from hf_spec.heads.base import DraftHeadModel
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
 from hf_spec.training.features import unit_features
+from hf_spec.tree.buffers import additive_mask
 from hf_spec.verify.cache import cache_length
 
 
@@ -41,7 +42,7 @@ def head_config_from_cli_arg(cls: type[MethodConfig], arg: str | None) -> Method
 def causal_mask(q_len: int, past: int) -> torch.Tensor:
     """Additive `(1, 1, q_len, past + q_len)`: every query sees the cache and the queries up to itself."""
     allowed = torch.ones(q_len, past + q_len, dtype=torch.bool).tril(diagonal=past)
-    return torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)[None, None]
+    return additive_mask(allowed)
 
 
 class HeadDrafter(Drafter):

@@ -183,6 +183,11 @@ def tree_attention_mask(
     return mask.view(1, 1, n, past_length + n).to(device)
 
 
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Boolean `(q_len, kv_len)` "may attend" -> additive 4D `(1, 1, q_len, kv_len)`: 0 or the dtype's minimum."""
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+
+
 def tree_position_ids(tree: DraftTree, past_length: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """`torch.LongTensor` of shape `(1, num_nodes + 1)`: the root sits at `past_length`, a node at `past_length +
     depth`."""

@@ -17,7 +17,7 @@ from hf_spec.methods.base import SpecState
 from hf_spec.methods.eagle.config import EagleConfig
 from hf_spec.methods.eagle.stepwise import EagleStepper
 from hf_spec.methods.head_drafter import HeadDrafter, load_draft_head
-from hf_spec.tree.buffers import DraftTree
+from hf_spec.tree.buffers import DraftTree, additive_mask
 from hf_spec.tree.scored import ScoredTree, prune, to_draft_tree
 from hf_spec.verify.cache import cache_length, crop_cache
 
@@ -96,7 +96,7 @@ class EagleDrafter(HeadDrafter, EagleStepper):
                 allowed[row, slot_of[anc]] = True
                 anc = parents[anc]
             slot_of[node] = past + row
-        mask = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)[None, None]
+        mask = additive_mask(allowed)
         features = torch.stack([source_h[i] for i in beam])[None]
         ids = torch.tensor([[tokens[i] for i in beam]])
         positions = torch.full((1, n), position)

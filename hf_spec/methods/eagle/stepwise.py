@@ -16,6 +16,7 @@ from hf_spec.kernels.skinny_linear import fast_linears, skinny_linear
 from hf_spec.methods.base import SpecState
 from hf_spec.methods.head_drafter import causal_mask
 from hf_spec.methods.stepwise import DraftStep, StepwiseDrafter
+from hf_spec.tree.buffers import additive_mask
 from hf_spec.verify.cache import cache_length, compact_cache, crop_cache
 
 
@@ -89,9 +90,7 @@ class EagleStepper(StepwiseDrafter):
             for r, b in enumerate(rows):
                 allowed[r, self._branch_slots[b]] = True
                 allowed[r, past + r] = True
-            mask = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)[
-                None, None
-            ]
+            mask = additive_mask(allowed)
             features = torch.stack([self._branch_states[b][-1] if level else self._h_chain for b in rows])[
                 None
             ]

@@ -116,8 +116,8 @@ class TalonDrafter(Drafter):
         if use_model:
             self.rounds["model"] += 1
             if ahead and len(model_tree):
-                ahead = self.config.draft_ahead or self.chain_len
-                n = len(model_tree) + 1 + ahead  # the chain, the guessed bonus, then the next block
+                block = self.config.draft_ahead or self.chain_len
+                n = len(model_tree) + 1 + block  # the chain, the guessed bonus, then the next block
                 self.worker.submit(lambda stop: self.chain.draft(n, stop))
         return fused
 

@@ -17,7 +17,7 @@ import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from hf_spec.kernels.skinny_linear import fast_linears
-from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
+from hf_spec.tree.buffers import DraftTree, additive_mask, tree_attention_mask, tree_position_ids
 from hf_spec.verify.cache import cache_length, compact_cache
 
 
@@ -63,7 +63,8 @@ def finish_verification(
     slot = [0] * (len(fused) + 1)  # block slot (relative to past) of each [root] + fused node
     for i, f in enumerate(pre_map):
         slot[f + 1] = i + 1
-    new = [f for f in range(len(fused)) if f not in set(pre_map)]
+    pre_verified = set(pre_map)
+    new = [f for f in range(len(fused)) if f not in pre_verified]
     for j, f in enumerate(new):
         slot[f + 1] = m + 1 + j
     logits = pre.logits.new_empty((len(fused) + 1, pre.logits.shape[-1]))
@@ -80,15 +81,13 @@ def finish_verification(
         allowed[:, :past] = True
         cols = torch.tensor(slot) + past
         allowed[:, cols] = visible
-        mask = torch.zeros(allowed.shape, dtype=model.dtype).masked_fill(
-            ~allowed, torch.finfo(model.dtype).min
-        )
+        mask = additive_mask(allowed, model.dtype)
         depth = fused.depth[torch.tensor(new)]
         with fast_linears(model):
             out = model(
                 input_ids=fused.tokens[torch.tensor(new)].view(1, -1).to(device),
                 position_ids=(depth + past).view(1, -1).to(device),
-                attention_mask=mask[None, None].to(device),
+                attention_mask=mask.to(device),
                 past_key_values=cache,
                 use_cache=True,
                 output_hidden_states=output_hidden_states,
