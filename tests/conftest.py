@@ -68,3 +68,20 @@ def prompt_ids(length: int = 12, vocab_size: int = 96, seed: int = 1) -> torch.T
     g = torch.Generator().manual_seed(seed)
     body = torch.randint(3, vocab_size, (1, length - 1), generator=g)
     return torch.cat([torch.ones(1, 1, dtype=torch.long), body], dim=1)
+
+
+def assert_equal_up_to_ties(model, ids: torch.Tensor, out: torch.Tensor, ref: torch.Tensor) -> bool:
+    """Greedy `out` equals `ref` (the model's own greedy generate), or first departs from it where the two
+    choices' logits are within the model dtype's numeric noise (`near_tie_threshold`). Returns whether equal."""
+    from hf_spec.bench.runner import choice_gap, first_divergence, near_tie_threshold
+
+    new, want = out[0, ids.shape[1] :].tolist(), ref[0, ids.shape[1] :].tolist()
+    at = first_divergence(want, new)
+    if at is None:
+        return True
+    assert at < min(len(new), len(want)), "lengths differ without a differing token"
+    prefix = torch.tensor([ids[0].tolist() + want[:at]])
+    with torch.no_grad():
+        gap = choice_gap(model, prefix, want[at], new[at])
+    assert gap < near_tie_threshold(model.dtype), f"diverged at {at} with a logit gap of {gap:.4f}"
+    return False

@@ -7,7 +7,14 @@ import json
 import pytest
 import torch
 
-from hf_spec.bench.runner import acceptance_by_depth, first_divergence, load_prompts, spec_bench_group
+from hf_spec.bench.runner import (
+    acceptance_by_depth,
+    first_divergence,
+    load_prompts,
+    near_tie_threshold,
+    spec_bench_group,
+)
+from hf_spec.cli.common import resolve_dtype
 from hf_spec.cli.main import main
 from hf_spec.generate import SpecStats
 from tests.conftest import STORIES
@@ -124,3 +131,36 @@ def test_helpers():
     for depth, accepted in [(3, 0), (3, 3), (2, 1), (3, 1)]:
         stats.record_round(depth, accepted)
     assert stats.depth_tries == [4, 3, 1] and stats.depth_hits == [3, 1, 1]
+
+
+def test_bench_in_bfloat16_counts_only_ties(prompt_file, tmp_path):
+    """`--dtype bfloat16` runs every method on the bfloat16 target; outputs may part from `ar` only at
+    bfloat16 ties, and each departure is counted and classified."""
+    out = tmp_path / "bf16"
+    argv = ["bench", "--target", str(STORIES), "--methods", "ar,pld,oracle:4", "--prompts", str(prompt_file)]
+    argv += ["--max-new-tokens", "24", "--check-lossless", "--threads", "1", "--dtype", "bfloat16"]
+    assert main([*argv, "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["machine"]["dtype"] == "bfloat16"
+    assert "--dtype bfloat16" in results["command"]
+    assert "bfloat16 weights" in (out / "results.md").read_text()
+    for name in ("pld", "oracle:4"):
+        entry = results["summary"][name]
+        assert entry["lossless_mismatches"] == entry["near_tie_mismatches"]
+    for run in results["runs"]:
+        if run.get("lossless") is False:
+            assert run["choice_gap"] < near_tie_threshold(torch.bfloat16)
+
+
+def test_dtype_choice(monkeypatch):
+    assert resolve_dtype("float32") is torch.float32 and resolve_dtype("bfloat16") is torch.bfloat16
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    assert resolve_dtype("auto") is torch.float32
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    assert resolve_dtype("auto") is torch.bfloat16
+    assert (
+        near_tie_threshold(torch.float32)
+        < near_tie_threshold(torch.float16)
+        < near_tie_threshold(torch.bfloat16)
+    )

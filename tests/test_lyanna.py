@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -18,7 +19,7 @@ from hf_spec.methods.lyanna.drafter import load_lyanna_head
 from hf_spec.methods.lyanna.token_tree import token_info_tree
 from hf_spec.training.features import capture_features
 from hf_spec.tree.scored import ScoredTree, fuse, prune
-from tests.conftest import make_tiny_model, prompt_ids
+from tests.conftest import assert_equal_up_to_ties, make_tiny_model, prompt_ids
 from tests.test_eagle import tiny_conversations
 
 
@@ -223,3 +224,16 @@ def test_save_load_and_errors(trained, tmp_path):
         trust_remote_code=True,
     )
     assert torch.equal(out, model.generate(prompt_ids(12, seed=3), max_new_tokens=16, do_sample=False))
+
+
+def test_head_runs_in_a_bfloat16_target(trained):
+    model, _, _, folder = trained
+    target = copy.deepcopy(model).to(torch.bfloat16)
+    dec = SpeculativeDecoder(f"lyanna:{folder / 'head'}")
+    for seed in (1, 2):
+        ids = prompt_ids(12, seed=seed)
+        ref = target.generate(ids, max_new_tokens=32, do_sample=False)
+        out = target.generate(ids, max_new_tokens=32, do_sample=False, custom_generate=dec)
+        assert_equal_up_to_ties(target, ids, out, ref)
+    assert next(dec.drafter_for(target).head.parameters()).dtype == torch.bfloat16
+    assert dec.last_stats.accepted_tokens > 0

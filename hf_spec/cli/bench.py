@@ -6,7 +6,7 @@ import argparse
 import shlex
 import sys
 
-from hf_spec.cli.common import set_threads
+from hf_spec.cli.common import add_dtype_argument, resolve_dtype, set_threads
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -22,6 +22,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--turns", choices=["first", "all"], default="first")
     p.add_argument("--check-lossless", action="store_true", help="compare every output with ar's")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    add_dtype_argument(p)
     p.add_argument("--out", required=True, help="output folder for results.json/.md and speedup.png")
     p.set_defaults(func=run)
     return p
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         methods.insert(0, "ar")
     set_threads(args.threads)
     prompts = load_prompts(args.prompts, args.limit, args.per_category)
-    model, tokenizer = load_model(args.target)
+    model, tokenizer = load_model(args.target, dtype=resolve_dtype(args.dtype))
     results = run_bench(
         model,
         tokenizer,
@@ -73,4 +74,6 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
         out.append("--check-lossless")
     if args.threads:
         out += ["--threads", str(args.threads)]
+    if args.dtype != "float32":
+        out += ["--dtype", args.dtype]
     return out + ["--out", args.out]

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from hf_spec.cli.common import set_threads
+from hf_spec.cli.common import add_dtype_argument, resolve_dtype, set_threads
 
 DEFAULT_PROMPT = """Add type hints and a docstring to this function, and keep everything else unchanged:
 
@@ -39,6 +39,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=0.9)
     p.add_argument("--no-compare", action="store_true", help="skip the plain-generate baseline")
     p.add_argument("--threads", type=int, default=None)
+    add_dtype_argument(p, default="auto")
     p.set_defaults(func=run)
     return p
 
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from hf_spec.models import load_model
 
     threads = set_threads(args.threads)
-    model, tokenizer = load_model(args.target)
+    model, tokenizer = load_model(args.target, dtype=resolve_dtype(args.dtype))
     input_ids = encode_chat(tokenizer, [{"role": "user", "content": args.prompt}])
     kwargs = dict(max_new_tokens=args.max_new_tokens, attention_mask=torch.ones_like(input_ids))
     kwargs.update(
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     ) if args.sample else kwargs.update(do_sample=False)
     decoder = SpeculativeDecoder(args.method, tokenizer=tokenizer)
     model.generate(input_ids, max_new_tokens=4, do_sample=False, custom_generate=decoder)  # warm-up
-    print(f"--- {args.target}, method {args.method}, {threads} threads ---")
+    print(f"--- {args.target} ({model.dtype}), method {args.method}, {threads} threads ---")
     start = time.perf_counter()
     out = model.generate(
         input_ids, custom_generate=decoder, streamer=TextStreamer(tokenizer, skip_prompt=True), **kwargs
@@ -82,5 +83,25 @@ def run(args: argparse.Namespace) -> int:
         )
         print(f"speedup: {spec_tps / ar_tps:.2f}x")
         if not args.sample:
-            print(f"identical to plain greedy generate: {'yes' if torch.equal(out, ref) else 'NO'}")
+            print(f"identical to plain greedy generate: {_compare(model, input_ids, out, ref)}")
     return 0
+
+
+def _compare(model, input_ids: torch.Tensor, out: torch.Tensor, ref: torch.Tensor) -> str:
+    """'yes', or where the outputs part and whether the two choices were a numeric tie in the model's dtype."""
+    from hf_spec.bench.runner import choice_gap, first_divergence, near_tie_threshold
+
+    start = input_ids.shape[1]
+    new, want = out[0, start:].tolist(), ref[0, start:].tolist()
+    at = first_divergence(want, new)
+    if at is None:
+        return "yes"
+    if at >= min(len(new), len(want)):
+        return f"NO (lengths differ: {len(new)} vs {len(want)} tokens)"
+    with torch.no_grad():
+        gap = choice_gap(
+            model, torch.cat([input_ids[0], ref[0, start : start + at]])[None], want[at], new[at]
+        )
+    tie = gap < near_tie_threshold(model.dtype)
+    kind = f"a {str(model.dtype).removeprefix('torch.')} near-tie" if tie else "NOT a near-tie: a bug"
+    return f"NO, from token {at}: logit gap {gap:.4f} between the two choices, {kind}"

@@ -9,7 +9,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from hf_spec.cli.common import set_threads
+from hf_spec.cli.common import add_dtype_argument, resolve_dtype, set_threads
 
 
 def _ints(text: str | None) -> list[int]:
@@ -47,6 +47,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     h.add_argument("--nd-values", type=_ints, default=[], help="N_d values to sweep at the best pair")
     h.add_argument("--ni-values", type=_ints, default=[], help="N_i values to sweep at the best pair")
     h.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    add_dtype_argument(h)
     h.add_argument(
         "--out", required=True, help="folder for sweep.json/.md, heatmap.png, nd_ni.png, best config"
     )
@@ -80,7 +81,7 @@ def run_hispec(args: argparse.Namespace) -> int:
         return 2
     set_threads(args.threads)
     prompts = load_prompts(args.prompts, args.limit, args.per_category)
-    model, tokenizer = load_model(args.target)
+    model, tokenizer = load_model(args.target, dtype=resolve_dtype(args.dtype))
     out = Path(args.out)
 
     def bar(total: int, desc: str):

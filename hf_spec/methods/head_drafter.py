@@ -22,7 +22,7 @@ def load_draft_head(head_cls: type[DraftHeadModel], path: str, target, method: s
             f"{method} needs a head folder: {method}:<folder> (train one with `hf-spec train {method}`)"
         )
     try:
-        head = head_cls.from_pretrained(path, dtype=torch.float32)
+        head = head_cls.from_pretrained(path, dtype=next(target.parameters()).dtype)
     except OSError as err:
         raise ValueError(f"cannot load the {method} head at {path!r}: {err}") from None
     return head.eval().attach_target(target)
@@ -39,10 +39,10 @@ def head_config_from_cli_arg(cls: type[MethodConfig], arg: str | None) -> Method
     return MethodConfig.from_cli_arg.__func__(cls, arg)
 
 
-def causal_mask(q_len: int, past: int) -> torch.Tensor:
+def causal_mask(q_len: int, past: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Additive `(1, 1, q_len, past + q_len)`: every query sees the cache and the queries up to itself."""
     allowed = torch.ones(q_len, past + q_len, dtype=torch.bool).tril(diagonal=past)
-    return additive_mask(allowed)
+    return additive_mask(allowed, dtype)
 
 
 class HeadDrafter(Drafter):
@@ -66,6 +66,7 @@ class HeadDrafter(Drafter):
         # the LM-head rows drafted from: d2t is most-frequent first, so the first N rows are the N most frequent
         self.lm_weight = self.head.parts.lm_weight[: limit or full]
         self.norm = model.model.norm
+        self.dtype = next(self.head.parameters()).dtype  # the target's: the head runs in its precision
         self.cache = DynamicCache()
         self.pending_features: list[torch.Tensor] = []  # [n, H] chunks
 
@@ -73,10 +74,10 @@ class HeadDrafter(Drafter):
         if state.hidden_states is None or state.hidden_states.shape[1] != state.seq_len - 1:
             raise ValueError(f"{self.config.method} needs the target's hidden states of the prompt")
         self.cache = DynamicCache()
-        self.pending_features = [unit_features(state.hidden_states[0], self.norm)]
+        self.pending_features = [unit_features(state.hidden_states[0], self.norm).to(self.dtype)]
 
     def observe(self, state: SpecState, result: RoundResult) -> None:
-        self.pending_features.append(unit_features(result.hidden_states[0], self.norm))
+        self.pending_features.append(unit_features(result.hidden_states[0], self.norm).to(self.dtype))
 
     def end(self, state: SpecState) -> None:
         self.cache, self.pending_features = DynamicCache(), []
@@ -94,6 +95,6 @@ class HeadDrafter(Drafter):
             )
         ids = state.input_ids[:, first:]
         positions = torch.arange(first, state.seq_len).view(1, -1)
-        return first_step(features[None], ids, positions, causal_mask(features.shape[0], past), self.cache)[
-            0, -1
-        ]
+        return first_step(
+            features[None], ids, positions, causal_mask(features.shape[0], past, self.dtype), self.cache
+        )[0, -1]

@@ -96,7 +96,7 @@ class EagleDrafter(HeadDrafter, EagleStepper):
                 allowed[row, slot_of[anc]] = True
                 anc = parents[anc]
             slot_of[node] = past + row
-        mask = additive_mask(allowed)
+        mask = additive_mask(allowed, self.dtype)
         features = torch.stack([source_h[i] for i in beam])[None]
         ids = torch.tensor([[tokens[i] for i in beam]])
         positions = torch.full((1, n), position)

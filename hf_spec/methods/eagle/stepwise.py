@@ -73,7 +73,7 @@ class EagleStepper(StepwiseDrafter):
         """Append chain token `token` at the next position; returns its head state `(H,)`."""
         past = self._chain_len  # head cache slot i holds position i + 1 (position 0 has no feature)
         ids, pos = torch.tensor([[token]]), torch.tensor([[past + 1]])
-        h = self.head(h_prev.view(1, 1, -1), ids, pos, causal_mask(1, past), self.cache)[0, -1]
+        h = self.head(h_prev.view(1, 1, -1), ids, pos, causal_mask(1, past, self.dtype), self.cache)[0, -1]
         self._chain_len += 1
         return h
 
@@ -90,7 +90,7 @@ class EagleStepper(StepwiseDrafter):
             for r, b in enumerate(rows):
                 allowed[r, self._branch_slots[b]] = True
                 allowed[r, past + r] = True
-            mask = additive_mask(allowed)
+            mask = additive_mask(allowed, self.dtype)
             features = torch.stack([self._branch_states[b][-1] if level else self._h_chain for b in rows])[
                 None
             ]

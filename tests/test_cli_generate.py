@@ -1,0 +1,47 @@
+"""`hf-spec generate` (the demo command) on the real stories260K model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_spec.cli.generate import _compare
+from hf_spec.cli.main import main
+from hf_spec.models import load_model
+from tests.conftest import STORIES
+
+
+@pytest.fixture(autouse=True)
+def keep_threads():
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_generate_prints_speedup_and_losslessness(capsys, dtype):
+    argv = ["generate", "--target", str(STORIES), "--method", "pld", "--prompt", "Once upon a time, Tom"]
+    assert main([*argv, "--max-new-tokens", "24", "--threads", "1", "--dtype", dtype]) == 0
+    text = capsys.readouterr().out
+    assert f"torch.{dtype}" in text and "speedup: " in text and "tau) = " in text
+    verdict = text.split("identical to plain greedy generate: ")[1].splitlines()[0]
+    if dtype == "float32":
+        assert verdict == "yes"
+    else:
+        assert verdict == "yes" or "bfloat16 near-tie" in verdict
+
+
+def test_compare_names_the_divergence():
+    model, tok = load_model(str(STORIES))
+    ids = tok("Once upon a time", return_tensors="pt").input_ids
+    ref = model.generate(ids, max_new_tokens=6, do_sample=False)
+    assert _compare(model, ids, ref, ref) == "yes"
+    with torch.no_grad():
+        logits = model(ref[:, : ids.shape[1] + 2]).logits[0, -1]
+    worst = int(logits.argmin())  # a choice far from the argmax: not a tie
+    bad = ref.clone()
+    bad[0, ids.shape[1] + 2] = worst
+    assert "from token 2" in _compare(model, ids, bad, ref) and "NOT a near-tie" in _compare(
+        model, ids, bad, ref
+    )
+    assert "lengths differ" in _compare(model, ids, ref[:, :-1], ref)
