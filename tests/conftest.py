@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 
@@ -85,3 +86,18 @@ def assert_equal_up_to_ties(model, ids: torch.Tensor, out: torch.Tensor, ref: to
         gap = choice_gap(model, prefix, want[at], new[at])
     assert gap < near_tie_threshold(model.dtype), f"diverged at {at} with a logit gap of {gap:.4f}"
     return False
+
+
+def run_in_bfloat16(model, spec: str, seeds=(1, 2), new: int = 32):
+    """A bfloat16 copy of `model` generates greedily with method `spec` and without; the outputs must agree up to
+    bfloat16 ties. Returns `(bfloat16 target, decoder)`."""
+    from hf_spec import SpeculativeDecoder
+
+    target = copy.deepcopy(model).to(torch.bfloat16)
+    dec = SpeculativeDecoder(spec)
+    for seed in seeds:
+        ids = prompt_ids(12, seed=seed)
+        ref = target.generate(ids, max_new_tokens=new, do_sample=False)
+        out = target.generate(ids, max_new_tokens=new, do_sample=False, custom_generate=dec)
+        assert_equal_up_to_ties(target, ids, out, ref)
+    return target, dec

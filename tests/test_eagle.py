@@ -3,7 +3,6 @@ save/load (incl. trust_remote_code and custom_generate), mismatch errors, lossle
 
 from __future__ import annotations
 
-import copy
 import json
 
 import pytest
@@ -22,7 +21,7 @@ from hf_spec.methods.eagle.drafter import load_head
 from hf_spec.methods.postuse import PostUseConfig, PostUseDrafter
 from hf_spec.training.features import FeatureStore, capture_features
 from hf_spec.training.responses import Conversation
-from tests.conftest import assert_equal_up_to_ties, make_tiny_model, prompt_ids
+from tests.conftest import make_tiny_model, prompt_ids, run_in_bfloat16
 
 
 def random_head(model, vocab: int = 64) -> EagleHeadModel:
@@ -314,13 +313,6 @@ def test_head_runs_in_a_bfloat16_target(trained):
     """A bfloat16 target loads its head in bfloat16 (features, masks and head agree on the dtype); greedy output
     equals the bfloat16 target's own `generate` up to bfloat16 ties (forwards of other shapes round otherwise)."""
     model, _, _, folder = trained
-    target = copy.deepcopy(model).to(torch.bfloat16)
-    dec = SpeculativeDecoder(f"eagle:{folder / 'head'}")
-    for seed in (1, 2):
-        ids = prompt_ids(12, seed=seed)
-        ref = target.generate(ids, max_new_tokens=32, do_sample=False)
-        out = target.generate(ids, max_new_tokens=32, do_sample=False, custom_generate=dec)
-        assert_equal_up_to_ties(target, ids, out, ref)
-    drafter = dec.drafter_for(target)
-    assert next(drafter.head.parameters()).dtype == torch.bfloat16
+    target, dec = run_in_bfloat16(model, f"eagle:{folder / 'head'}")
+    assert next(dec.drafter_for(target).head.parameters()).dtype == torch.bfloat16
     assert dec.last_stats.accepted_tokens > 0
