@@ -38,7 +38,7 @@ def measured_rows(folder: Path, results_files: list[str]) -> list[dict]:
                         "prompts": entry["prompts"],
                         "tau": entry["tau"],
                         "speedup": entry["speedup_vs_ar"],
-                        "machine": f"{machine['cpu']}, {machine['torch_threads']} threads",
+                        "machine": f"{machine['cpu']}, {machine['torch_threads']} threads, {machine.get('dtype', 'float32')}",
                         "date": machine["date"],
                         "command": results.get("command", ""),
                     }
