@@ -29,6 +29,7 @@ def add_dtype_argument(parser, default: str = "float32") -> None:
 def resolve_dtype(name: str) -> torch.dtype:
     """`auto` picks bfloat16 where the CPU multiplies it natively, else float32."""
     if name == "auto":
-        native = torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
+        probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")  # private in torch 2.x: probe softly
+        native = any(getattr(torch.cpu, name, lambda: False)() for name in probes)
         return torch.bfloat16 if native else torch.float32
     return getattr(torch, name)
