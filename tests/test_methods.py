@@ -149,7 +149,7 @@ def _check_files(data: dict, where: str) -> None:
             assert Path(data[key]).exists(), (where, key, data[key])
 
 
-PENDING_HEADS = {"hass-smollm2-135m-instruct.json", "lyanna-smollm2-135m-instruct.json"}  # not trained yet
+PENDING_HEADS = {"hass-smollm2-135m-instruct.json"}  # not trained yet
 
 
 @pytest.mark.parametrize(
