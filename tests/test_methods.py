@@ -149,18 +149,7 @@ def _check_files(data: dict, where: str) -> None:
             assert Path(data[key]).exists(), (where, key, data[key])
 
 
-PENDING_HEADS = {"hass-smollm2-135m-instruct.json"}  # not trained yet
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="head not trained yet"))
-        if n in PENDING_HEADS
-        else n
-        for n in sorted(p.name for p in CONFIGS_DIR.glob("*.json") if "qtable" not in p.name)
-    ],
-)
+@pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS_DIR.glob("*.json") if "qtable" not in p.name))
 def test_committed_bench_configs_parse(name, monkeypatch):
     """Every config behind a figure is a valid method config, and the files it names (heads, exit heads,
     Q-tables, a wrapped drafter's config) exist."""
