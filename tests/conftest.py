@@ -74,17 +74,15 @@ def prompt_ids(length: int = 12, vocab_size: int = 96, seed: int = 1) -> torch.T
 def assert_equal_up_to_ties(model, ids: torch.Tensor, out: torch.Tensor, ref: torch.Tensor) -> bool:
     """Greedy `out` equals `ref` (the model's own greedy generate), or first departs from it where the two
     choices' logits are within the model dtype's numeric noise (`near_tie_threshold`). Returns whether equal."""
-    from hf_spec.bench.runner import choice_gap, first_divergence, near_tie_threshold
+    from hf_spec.bench.runner import compare_greedy
 
     new, want = out[0, ids.shape[1] :].tolist(), ref[0, ids.shape[1] :].tolist()
-    at = first_divergence(want, new)
-    if at is None:
+    verdict = compare_greedy(model, ids, want, new)
+    if verdict["lossless"]:
         return True
+    at = verdict["diverged_at"]
     assert at < min(len(new), len(want)), "lengths differ without a differing token"
-    prefix = torch.tensor([ids[0].tolist() + want[:at]])
-    with torch.no_grad():
-        gap = choice_gap(model, prefix, want[at], new[at])
-    assert gap < near_tie_threshold(model.dtype), f"diverged at {at} with a logit gap of {gap:.4f}"
+    assert verdict["near_tie"], f"diverged at {at} with a logit gap of {verdict['choice_gap']:.4f}"
     return False
 
 

@@ -29,6 +29,10 @@ NEAR_TIE = 1e-3  # float32: logits of one position agree to ~1e-5 across the for
 NEAR_TIE_BY_DTYPE = {torch.bfloat16: 0.5, torch.float16: 0.0625}
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def near_tie_threshold(dtype: torch.dtype) -> float:
     """Logit gap below which two forwards of different shape may rank two tokens either way in `dtype`."""
     return NEAR_TIE_BY_DTYPE.get(dtype, NEAR_TIE)
@@ -216,7 +220,7 @@ def run_bench(
                         reference, ar_tokens = out, new_ids
                     row.update(method=m.name, question_id=p.question_id, category=p.category, turn=turn_idx)
                     if check_lossless and m.name != "ar" and ar_tokens is not None:
-                        row.update(_lossless(model, input_ids, ar_tokens, new_ids))
+                        row.update(compare_greedy(model, input_ids, ar_tokens, new_ids))
                     runs.append(row)
                     answer = tokenizer.decode(new_ids, skip_special_tokens=True)
                     histories[m.name] = messages + [{"role": "assistant", "content": answer}]
@@ -226,17 +230,20 @@ def run_bench(
             bar.close()
     finally:
         counter.close()
-    machine = {**machine_info(), "dtype": str(model.dtype).removeprefix("torch.")}
+    machine = {**machine_info(), "dtype": dtype_name(model.dtype)}
     return {"summary": summarize(runs, method_names, check_lossless), "runs": runs, "machine": machine}
 
 
-def _lossless(model, input_ids: torch.Tensor, ar_tokens: list[int], new_ids: list[int]) -> dict:
+def compare_greedy(model, input_ids: torch.Tensor, ar_tokens: list[int], new_ids: list[int]) -> dict:
+    """Where `new_ids` first departs from `ar_tokens` (both new tokens after `input_ids` `(1, P)`), the logit gap
+    between the two choices there, and whether that gap is a numeric tie in the model's dtype."""
     at = first_divergence(ar_tokens, new_ids)
     if at is None:
         return {"lossless": True}
     prefix = torch.cat([input_ids[0], torch.tensor(ar_tokens[:at], dtype=torch.long)])[None]
     both = at < len(ar_tokens) and at < len(new_ids)
-    gap = choice_gap(model, prefix, ar_tokens[at], new_ids[at]) if both else float("inf")
+    with torch.no_grad():
+        gap = choice_gap(model, prefix, ar_tokens[at], new_ids[at]) if both else float("inf")
     return {
         "lossless": False,
         "diverged_at": at,

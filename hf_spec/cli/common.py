@@ -30,6 +30,6 @@ def resolve_dtype(name: str) -> torch.dtype:
     """`auto` picks bfloat16 where the CPU multiplies it natively, else float32."""
     if name == "auto":
         probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")  # private in torch 2.x: probe softly
-        native = any(getattr(torch.cpu, name, lambda: False)() for name in probes)
+        native = any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
         return torch.bfloat16 if native else torch.float32
     return getattr(torch, name)

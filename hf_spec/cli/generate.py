@@ -89,19 +89,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _compare(model, input_ids: torch.Tensor, out: torch.Tensor, ref: torch.Tensor) -> str:
     """'yes', or where the outputs part and whether the two choices were a numeric tie in the model's dtype."""
-    from hf_spec.bench.runner import choice_gap, first_divergence, near_tie_threshold
+    from hf_spec.bench.runner import compare_greedy, dtype_name
 
     start = input_ids.shape[1]
     new, want = out[0, start:].tolist(), ref[0, start:].tolist()
-    at = first_divergence(want, new)
-    if at is None:
+    verdict = compare_greedy(model, input_ids, want, new)
+    if verdict["lossless"]:
         return "yes"
-    if at >= min(len(new), len(want)):
+    if verdict["diverged_at"] >= min(len(new), len(want)):
         return f"NO (lengths differ: {len(new)} vs {len(want)} tokens)"
-    with torch.no_grad():
-        gap = choice_gap(
-            model, torch.cat([input_ids[0], ref[0, start : start + at]])[None], want[at], new[at]
-        )
-    tie = gap < near_tie_threshold(model.dtype)
-    kind = f"a {str(model.dtype).removeprefix('torch.')} near-tie" if tie else "NOT a near-tie: a bug"
-    return f"NO, from token {at}: logit gap {gap:.4f} between the two choices, {kind}"
+    kind = f"a {dtype_name(model.dtype)} near-tie" if verdict["near_tie"] else "NOT a near-tie: a bug"
+    return f"NO, from token {verdict['diverged_at']}: logit gap {verdict['choice_gap']:.4f} between the two choices, {kind}"
