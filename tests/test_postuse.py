@@ -403,3 +403,27 @@ def test_sampling_matches_plain_sampling(kind):
     assert stats.chain_accepted > 0 and stats.cache_accepted > 0
     assert stats.chain_accepted + stats.cache_accepted > 0.1 * n
     assert min(pvalues) > 1e-3, pvalues
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_train_postuse_cli_writes_a_table(tmp_path, capsys, dtype):
+    """`hf-spec train postuse` on the real stories260K: learning on, in the dtype asked for, a loadable table."""
+    from hf_spec.cli.main import main
+    from tests.conftest import STORIES
+
+    config = PostUseConfig(drafter="early-exit:3", precut=True, max_draft_length=4, warmup_rounds=2)
+    config.save_pretrained(tmp_path / "cfg")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"turns": [t]}) for t in ["Once upon a time", "Lily and Tom went"]))
+    out = tmp_path / "q.json"
+    threads = torch.get_num_threads()
+    argv = ["train", "postuse", "--target", str(STORIES), "--config", str(tmp_path / "cfg"), "--prompts", str(prompts)]
+    try:
+        assert main([*argv, "--max-new-tokens", "24", "--threads", "1", "--dtype", dtype, "--out", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    text = capsys.readouterr().out
+    assert f"wrote {out}" in text and json.loads(text[: text.index("wrote")])["rounds"] > 0
+    learned = PreCutController(max_calls=4, benefit_buckets=config.benefit_buckets)
+    learned.load(out)
+    assert learned.updates > 0 and learned.table and learned.target_cost > 0

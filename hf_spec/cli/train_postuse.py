@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-from hf_spec.cli.common import set_threads
+from hf_spec.cli.common import add_dtype_argument, resolve_dtype, set_threads
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -29,6 +29,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--epsilon", type=float, default=None, help="exploration while learning (default: config)")
     p.add_argument("--threads", type=int, default=None)
+    add_dtype_argument(p)  # learn the table in the dtype it will run in: draft and target costs depend on it
     p.add_argument("--out", required=True, help="where to write the Q-table JSON")
     p.set_defaults(func=run)
     return p
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     if not prompts:
         raise SystemExit(f"no prompts in {args.prompts} after --skip {args.skip}")
     set_threads(args.threads)
-    model, tokenizer = load_model(args.target)
+    model, tokenizer = load_model(args.target, dtype=resolve_dtype(args.dtype))
     decoder = SpeculativeDecoder(config, tokenizer=tokenizer)
     drafter = decoder.drafter_for(model)
     bar = tqdm(prompts, desc="train postuse", unit="prompt")
