@@ -414,12 +414,26 @@ def test_train_postuse_cli_writes_a_table(tmp_path, capsys, dtype):
     config = PostUseConfig(drafter="early-exit:3", precut=True, max_draft_length=4, warmup_rounds=2)
     config.save_pretrained(tmp_path / "cfg")
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("\n".join(json.dumps({"turns": [t]}) for t in ["Once upon a time", "Lily and Tom went"]))
+    prompts.write_text(
+        "\n".join(json.dumps({"turns": [t]}) for t in ["Once upon a time", "Lily and Tom went"])
+    )
     out = tmp_path / "q.json"
     threads = torch.get_num_threads()
-    argv = ["train", "postuse", "--target", str(STORIES), "--config", str(tmp_path / "cfg"), "--prompts", str(prompts)]
+    argv = [
+        "train",
+        "postuse",
+        "--target",
+        str(STORIES),
+        "--config",
+        str(tmp_path / "cfg"),
+        "--prompts",
+        str(prompts),
+    ]
     try:
-        assert main([*argv, "--max-new-tokens", "24", "--threads", "1", "--dtype", dtype, "--out", str(out)]) == 0
+        assert (
+            main([*argv, "--max-new-tokens", "24", "--threads", "1", "--dtype", dtype, "--out", str(out)])
+            == 0
+        )
     finally:
         torch.set_num_threads(threads)
     text = capsys.readouterr().out
