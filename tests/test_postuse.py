@@ -441,3 +441,18 @@ def test_train_postuse_cli_writes_a_table(tmp_path, capsys, dtype):
     learned = PreCutController(max_calls=4, benefit_buckets=config.benefit_buckets)
     learned.load(out)
     assert learned.updates > 0 and learned.table and learned.target_cost > 0
+
+
+def test_discount_biases_towards_continuing_with_negative_rewards():
+    """Stopping after 1, 2 or 3 calls earns the same r = -0.9: gamma < 1 still makes CONTINUE look better (the
+    over-drafting bias documented in controller.py); gamma = 1 leaves the choice a tie."""
+    states, rewards = [(1, 0), (2, 0), (3, 0)], [-0.9, -0.9, -0.9]
+    for gamma, biased in ((0.99, True), (1.0, False)):
+        ctrl = PreCutController(
+            max_calls=3, benefit_buckets=1, gamma=gamma, init_continue=-0.9, init_stop=-0.9
+        )
+        for _ in range(200):
+            ctrl.update(states, rewards)
+        q_cont, q_stop = ctrl.value((1, 0))
+        assert (q_cont - q_stop > 1e-3) is biased
+        assert q_cont == pytest.approx(-0.9 * gamma**2, abs=1e-6) and q_stop == pytest.approx(-0.9, abs=1e-6)
