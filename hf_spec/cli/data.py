@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from hf_spec.cli.common import set_threads
+from hf_spec.cli.common import add_dtype_argument, resolve_dtype, set_threads
 from hf_spec.training.data import DEFAULT_PROMPTS
 
 
@@ -33,6 +33,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     steps = parser.add_subparsers(dest="step", required=True)
     responses = steps.add_parser("responses", help="generate (or import) the target's greedy answers")
     add_data_args(responses)
+    # bfloat16 batches cost about what one row does on AMX; the answers are tagged with their dtype
+    add_dtype_argument(responses)
     responses.set_defaults(func=run_responses)
     features = steps.add_parser("features", help="capture the target's features and top-K probabilities")
     add_data_args(features)
@@ -41,7 +43,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def conversations_from_args(args: argparse.Namespace):
-    """`(model, tokenizer, conversations)` for the data options of `add_data_args`."""
+    """`(model, tokenizer, conversations)` for the data options of `add_data_args`; the target in `args.dtype`
+    where the step has one (answers), float32 otherwise (features: the fingerprint and the heads' inputs)."""
     from hf_spec.training.data import load_conversations
 
     set_threads(args.threads)
@@ -54,6 +57,7 @@ def conversations_from_args(args: argparse.Namespace):
         args.max_new_tokens,
         args.batch_size,
         generate=not args.cached_only,
+        dtype=resolve_dtype(getattr(args, "dtype", "float32")),
     )
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 from hf_spec.training.prompts import load_train_prompts
 from hf_spec.training.responses import Conversation, ResponseCache, default_data_dir, generate_responses
 
@@ -21,12 +23,14 @@ def load_conversations(
     model=None,
     tokenizer=None,
     generate: bool = True,
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[object, object, list[Conversation]]:
-    """`(model, tokenizer, conversations)`: answers missing from the cache are generated first."""
+    """`(model, tokenizer, conversations)`: answers missing from the cache are generated first, by the target in
+    `dtype` (tagged `generated-bfloat16` etc. when not float32)."""
     if model is None:
         from hf_spec.models.fetch import load_model
 
-        model, tokenizer = load_model(target)
+        model, tokenizer = load_model(target, dtype=dtype)
     prompts = [p for path in (prompt_files or DEFAULT_PROMPTS) for p in load_train_prompts(path, limit)]
     cache = ResponseCache(data_dir or default_data_dir(target))
     convs = generate_responses(
@@ -38,5 +42,6 @@ def load_conversations(
         max_new_tokens=max_new_tokens,
         seed_file=seed_cache,
         generate=generate,
+        source="generated" if dtype == torch.float32 else f"generated-{str(dtype).removeprefix('torch.')}",
     )
     return model, tokenizer, convs

@@ -117,10 +117,11 @@ def generate_responses(
     seed_file: str | os.PathLike | None = None,
     progress: bool = True,
     generate: bool = True,
+    source: str = "generated",
 ) -> list[Conversation]:
     """Answer every prompt not in `cache` yet (greedy, batched, left-padded; shortest prompts first), appending
     each finished batch to the cache. Returns the conversations of `prompts`, in order (overlong prompts skipped).
-    `generate=False`: only what the cache (and seed) already hold."""
+    `generate=False`: only what the cache (and seed) already hold; `source` tags the new answers."""
     eos = model.generation_config.eos_token_id
     eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
     if not eos_ids:
@@ -160,7 +161,7 @@ def generate_responses(
             pad_token_id=pad_id,
         )
         convs = [
-            Conversation(p.id, encoded[p.id], _cut_at_eos(row[width:].tolist(), eos_ids))
+            Conversation(p.id, encoded[p.id], _cut_at_eos(row[width:].tolist(), eos_ids), source)
             for p, row in zip(batch, out, strict=True)
         ]
         cache.append(convs)
