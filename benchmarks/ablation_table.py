@@ -34,7 +34,11 @@ def table(results_dir: Path) -> str:
             f"{entry['tau']:.2f} | {_fmt(entry.get('acceptance_by_depth'))} |"
         )
     ar = results["summary"].get("ar", {})
-    lines.append(f"\n`ar` {ar.get('tokens_per_s', float('nan')):.1f} tok/s; {results['machine']}")
+    m = results["machine"]
+    lines.append(
+        f"\n`ar` {ar.get('tokens_per_s', float('nan')):.1f} tok/s; {m['cpu']}, {m['torch_threads']} threads, "
+        f"torch {m['torch']}, {m.get('dtype', 'float32')}, {m['date']}"
+    )
     return "\n".join(lines)
 
 
