@@ -58,6 +58,14 @@ def tiny_llama():
     return make_tiny_model("llama")
 
 
+@pytest.fixture
+def keep_threads():
+    """Restore torch's thread count after a test that sets it (the CLIs' `--threads`)."""
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def stories():
     tok = AutoTokenizer.from_pretrained(STORIES)

@@ -10,12 +10,7 @@ from hf_spec.cli.main import main
 from hf_spec.models import load_model
 from tests.conftest import STORIES
 
-
-@pytest.fixture(autouse=True)
-def keep_threads():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("keep_threads")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

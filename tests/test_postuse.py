@@ -406,7 +406,7 @@ def test_sampling_matches_plain_sampling(kind):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_train_postuse_cli_writes_a_table(tmp_path, capsys, dtype):
+def test_train_postuse_cli_writes_a_table(tmp_path, capsys, dtype, keep_threads):
     """`hf-spec train postuse` on the real stories260K: learning on, in the dtype asked for, a loadable table."""
     from hf_spec.cli.main import main
     from tests.conftest import STORIES
@@ -418,7 +418,6 @@ def test_train_postuse_cli_writes_a_table(tmp_path, capsys, dtype):
         "\n".join(json.dumps({"turns": [t]}) for t in ["Once upon a time", "Lily and Tom went"])
     )
     out = tmp_path / "q.json"
-    threads = torch.get_num_threads()
     argv = [
         "train",
         "postuse",
@@ -429,13 +428,7 @@ def test_train_postuse_cli_writes_a_table(tmp_path, capsys, dtype):
         "--prompts",
         str(prompts),
     ]
-    try:
-        assert (
-            main([*argv, "--max-new-tokens", "24", "--threads", "1", "--dtype", dtype, "--out", str(out)])
-            == 0
-        )
-    finally:
-        torch.set_num_threads(threads)
+    assert main([*argv, "--max-new-tokens", "24", "--threads", "1", "--dtype", dtype, "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert f"wrote {out}" in text and json.loads(text[: text.index("wrote")])["rounds"] > 0
     learned = PreCutController(max_calls=4, benefit_buckets=config.benefit_buckets)

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from hf_spec.decoder import SpeculativeDecoder
+from hf_spec.models.fetch import dtype_name
 
 # Spec-Bench's six groups: the eight MT-bench categories count as one
 MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
@@ -27,10 +28,6 @@ NEAR_TIE = 1e-3  # float32: logits of one position agree to ~1e-5 across the for
 # bfloat16: incremental decoding and one full forward of the same Qwen2.5-0.5B text differ by up to 0.31 in a
 # logit (median 0.19; 239 positions measured, docs/benchmarks.md), so a choice within 0.5 is a numeric tie there
 NEAR_TIE_BY_DTYPE = {torch.bfloat16: 0.5, torch.float16: 0.0625}
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def near_tie_threshold(dtype: torch.dtype) -> float:

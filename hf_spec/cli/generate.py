@@ -89,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _compare(model, input_ids: torch.Tensor, out: torch.Tensor, ref: torch.Tensor) -> str:
     """'yes', or where the outputs part and whether the two choices were a numeric tie in the model's dtype."""
-    from hf_spec.bench.runner import compare_greedy, dtype_name
+    from hf_spec.bench.runner import compare_greedy
+    from hf_spec.models import dtype_name
 
     start = input_ids.shape[1]
     new, want = out[0, start:].tolist(), ref[0, start:].tolist()

@@ -331,6 +331,11 @@ def resolve_model(name_or_path: str, *, fetch: bool = True) -> str:
     return name_or_path
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """`torch.bfloat16` -> `"bfloat16"`."""
+    return str(dtype).removeprefix("torch.")
+
+
 def load_model(
     name_or_path: str, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

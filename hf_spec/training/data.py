@@ -27,9 +27,9 @@ def load_conversations(
 ) -> tuple[object, object, list[Conversation]]:
     """`(model, tokenizer, conversations)`: answers missing from the cache are generated first, by the target in
     `dtype` (tagged `generated-bfloat16` etc. when not float32)."""
-    if model is None:
-        from hf_spec.models.fetch import load_model
+    from hf_spec.models.fetch import dtype_name, load_model
 
+    if model is None:
         model, tokenizer = load_model(target, dtype=dtype)
     prompts = [p for path in (prompt_files or DEFAULT_PROMPTS) for p in load_train_prompts(path, limit)]
     cache = ResponseCache(data_dir or default_data_dir(target))
@@ -42,6 +42,6 @@ def load_conversations(
         max_new_tokens=max_new_tokens,
         seed_file=seed_cache,
         generate=generate,
-        source="generated" if dtype == torch.float32 else f"generated-{str(dtype).removeprefix('torch.')}",
+        source="generated" if dtype == torch.float32 else f"generated-{dtype_name(dtype)}",
     )
     return model, tokenizer, convs

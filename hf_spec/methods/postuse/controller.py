@@ -18,10 +18,10 @@ above every reward make every unexplored state look better than any explored one
 to `max_calls` until all of them have been visited. At `max_calls` only STOP is open.
 
 The discount biases the table when rewards are negative: CONTINUE is worth gamma * (a reward near r), i.e.
-(1 - gamma) * |r| more than stopping with the same reward, per call. With a cheap drafter (a head call at 1/7 to
-1/15 of a target call) r is ~ -0.9 and the real difference between stopping after 2 or after 6 calls ~0.015, below the 4
-calls' bias of ~0.036 at gamma = 0.99: the table learns to draft to `max_calls`. The episode is bounded by
-`max_calls`, so gamma = 1 (no discount) is well defined and removes the bias.
+(1 - gamma) * |r| more than stopping with the same reward, per call. With a cheap drafter (a head call at 1/7
+to 1/15 of a target call) r is ~ -0.9, and the real difference between stopping after 2 or after 6 calls
+(~0.015) is below those 4 calls' bias (~0.036 at gamma = 0.99): the table learns to draft to `max_calls`. The
+episode is bounded by `max_calls`, so gamma = 1 (no discount) is well defined and removes the bias.
 """
 
 from __future__ import annotations
