@@ -100,6 +100,16 @@ def test_head_card_lists_measured_rows_with_their_config():
     assert card.count("- `hf-spec bench A`") == 1  # one line per distinct command
 
 
+def test_head_card_names_the_training_prompt_files():
+    from hf_spec.heads.card import head_card
+
+    recorded = head_card("HASS", "eagle", "t", {"prompt_files": ["a/x.json"]}, "cmd")
+    from_command = head_card("HASS", "eagle", "t", {"command": "hf-spec train eagle --prompts d/s.json"}, "c")
+    default = head_card("HASS", "eagle", "t", {"command": "hf-spec train eagle"}, "c")
+    assert "(prompts: `x.json`;" in recorded and "(prompts: `s.json`;" in from_command
+    assert "(prompts: `sharegpt_1000.json`, `alpaca_seed_tasks.jsonl`;" in default
+
+
 def test_data_responses_in_bfloat16_are_tagged_and_feed_float32_features(
     tmp_path, prompts_file, capsys, keep_threads
 ):

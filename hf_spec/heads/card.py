@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shlex
+from pathlib import Path
 from typing import Any
 
 
@@ -42,7 +44,7 @@ def head_card(
         "",
         f"- Command: `{command}`",
         f"- Data: the target's own greedy answers to {report.get('train_conversations')} training conversations "
-        "(ShareGPT first turns; never evaluation prompts), "
+        f"(prompts: {_prompt_sources(report)}; never evaluation prompts), "
         f"{report.get('train_tokens')} tokens; {report.get('heldout_conversations')} conversations held out.",
         f"- Objective: {_objective(cfg)}",
         f"- Draft vocabulary: {cfg.get('draft_vocab')} most frequent answer tokens "
@@ -74,6 +76,17 @@ def head_card(
         lines.append("Not benchmarked yet: run the `hf-spec bench` command above; see docs/benchmarks.md.")
     lines += ["", "## Training report", "", "```json", json.dumps(report, indent=1)[:6000], "```", ""]
     return "\n".join(lines)
+
+
+def _prompt_sources(report: dict[str, Any]) -> str:
+    """The training prompt files, from the report or else the `--prompts` of its command (default: both files)."""
+    from hf_spec.training.data import DEFAULT_PROMPTS
+
+    files = report.get("prompt_files")
+    if not files:
+        words = shlex.split(report.get("command", ""))
+        files = [b for a, b in zip(words, words[1:], strict=False) if a == "--prompts"] or DEFAULT_PROMPTS
+    return ", ".join(f"`{Path(f).name}`" for f in files)
 
 
 def _objective(cfg: dict[str, Any]) -> str:
