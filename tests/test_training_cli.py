@@ -4,6 +4,8 @@ cached, features captured, a head trained, saved as a Hub-style folder, resumed,
 from __future__ import annotations
 
 import json
+import math
+import random
 
 import pytest
 import torch
@@ -135,3 +137,23 @@ def test_data_responses_in_bfloat16_are_tagged_and_feed_float32_features(
     assert "features: " in capsys.readouterr().out
     manifest = json.loads((data / "features" / "manifest.json").read_text())
     assert len(manifest["done"]) == 3 and manifest["num_tokens"] > 0
+
+
+def test_training_schedule_covers_every_epoch_whatever_its_batch_count():
+    """Reshuffled epochs pack into different numbers of batches; the schedule must follow each epoch's own count
+    (a fixed steps-per-epoch from epoch 0 ran past the end of a shorter epoch)."""
+    from hf_spec.training.batches import epoch_batches, training_schedule
+
+    rng = random.Random(1)  # more than one 256-sequence sorting window, so packing depends on the shuffle
+    lengths = [rng.randint(3, 1000) for _ in range(700)]
+    counts = [len(epoch_batches(lengths, 1024, 0, e)) for e in range(4)]
+    assert len(set(counts)) > 1  # the case that broke a run
+    schedule = training_schedule(lengths, 1024, 0, 4)
+    assert len(schedule) == sum(counts)
+    start = 0
+    for count in counts:  # each whole epoch sees every sequence once
+        assert sorted(i for batch in schedule[start : start + count] for i in batch) == list(
+            range(len(lengths))
+        )
+        start += count
+    assert len(training_schedule(lengths, 1024, 0, 1.5)) == counts[0] + math.ceil(counts[1] / 2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import torch
@@ -59,6 +60,17 @@ def epoch_batches(lengths: list[int], max_tokens: int, seed: int, epoch: int) ->
             batches.append(batch)
     rng.shuffle(batches)
     return batches
+
+
+def training_schedule(lengths: list[int], max_tokens: int, seed: int, epochs: float) -> list[list[int]]:
+    """Every step's batch: whole epochs of `epoch_batches` (reshuffled each epoch, so their batch counts differ a
+    little), then the first fraction of one more when `epochs` is fractional."""
+    schedule: list[list[int]] = []
+    for epoch in range(math.ceil(epochs)):
+        batches = epoch_batches(lengths, max_tokens, seed, epoch)
+        share = min(1.0, epochs - epoch)
+        schedule += batches[: math.ceil(share * len(batches))]
+    return schedule
 
 
 def collate(sequences: list[dict[str, torch.Tensor]], max_len: int) -> dict[str, torch.Tensor]:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -12,7 +11,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from hf_spec.training.batches import collate, draft_vocabulary, epoch_batches, vocabulary_coverage
+from hf_spec.training.batches import collate, draft_vocabulary, training_schedule, vocabulary_coverage
 from hf_spec.training.loop import Checkpoint, warmup_linear_decay
 
 # step_fn(head, batch, cfg, t2d) -> (loss, accuracy per draft depth, loss parts)
@@ -170,8 +169,8 @@ def train_head(
     coverage = vocabulary_coverage(heldout or train_set, head.d2t, vocab_size)  # held-out when there is one
 
     lengths = [min(len(s["input_ids"]), cfg.max_len) for s in train_set]
-    steps_per_epoch = len(epoch_batches(lengths, cfg.batch_tokens, cfg.seed, 0))
-    total_steps = max(1, math.ceil(cfg.epochs * steps_per_epoch))
+    schedule = training_schedule(lengths, cfg.batch_tokens, cfg.seed, cfg.epochs)
+    total_steps = len(schedule)
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     scheduler = warmup_linear_decay(optimizer, total_steps, int(cfg.warmup * total_steps))
@@ -194,9 +193,7 @@ def train_head(
     started, tokens_seen = time.perf_counter(), 0
     wall_before = extra["wall_seconds"]
     while step < total_steps:
-        epoch, index = divmod(step, steps_per_epoch)
-        batch_ids = epoch_batches(lengths, cfg.batch_tokens, cfg.seed, epoch)[index]
-        batch = collate([train_set[i] for i in batch_ids], cfg.max_len)
+        batch = collate([train_set[i] for i in schedule[step]], cfg.max_len)
         with torch.autocast(device, dtype=amp or torch.bfloat16, enabled=amp is not None):
             loss, accs, parts = step_fn(head, batch, cfg, t2d)
         optimizer.zero_grad(set_to_none=True)
