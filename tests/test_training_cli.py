@@ -157,3 +157,66 @@ def test_training_schedule_covers_every_epoch_whatever_its_batch_count():
         )
         start += count
     assert len(training_schedule(lengths, 1024, 0, 1.5)) == counts[0] + math.ceil(counts[1] / 2)
+
+
+def test_continue_cut_answers_equal_longer_generation_and_are_recaptured(
+    tmp_path, prompts_file, keep_threads
+):
+    """Answers cut by an 8-token budget, continued to 16 with `--continue-cut`, are what a 16-token run writes;
+    their features are captured again and the newer copy replaces the old one in place."""
+    from hf_spec.training.features import FeatureStore
+
+    def answers(data, *extra):
+        args = ["data", "responses", *data_args(data, prompts_file), "--limit", "4", "--threads", "1"]
+        assert main([*args, *extra]) == 0
+        return ResponseCache(data).load()
+
+    def features(data):
+        assert (
+            main(["data", "features", *data_args(data, prompts_file), "--limit", "4", "--cached-only"]) == 0
+        )
+        return FeatureStore.open(data / "features")
+
+    grown, direct = tmp_path / "grown", tmp_path / "direct"
+    short = answers(grown, "--max-new-tokens", "8")
+    first = features(grown).load_sequences()
+    assert answers(grown, "--max-new-tokens", "16") == short  # without the flag, cut answers stay as they are
+    longer = answers(grown, "--max-new-tokens", "16", "--continue-cut")
+    reference = answers(direct, "--max-new-tokens", "16")
+    assert {k: c.response_ids for k, c in longer.items()} == {k: c.response_ids for k, c in reference.items()}
+    cut = [k for k, c in short.items() if len(c.response_ids) == 8 and c.response_ids[-1] != 2]
+    assert cut and all(longer[k].source == "generated+generated" for k in cut)
+    store = features(grown)
+    assert len(store.done) == 4 + len(cut)  # the cut ones captured again
+    again = store.load_sequences()
+    assert [len(s["input_ids"]) for s in again] == [
+        len(longer[k].input_ids) for k in dict.fromkeys(store.done)
+    ]
+    assert len(again) == len(first) and torch.equal(again[0]["input_ids"][:5], first[0]["input_ids"][:5])
+
+
+def test_seed_answers_as_long_as_the_seeds_budget_are_not_marked_finished(tmp_path):
+    from hf_spec.training.responses import chat_prompt_text, import_seed
+
+    tok = AutoTokenizer.from_pretrained(STORIES)
+    prompts = load_train_prompts(story_prompts_file(tmp_path))
+    rows = [
+        {"id": p.id, "prompt": chat_prompt_text(tok, p), "response": "a cat sat", "response_tokens": n}
+        for p, n in zip(prompts, [3, 6, 6], strict=True)
+    ]
+    seed = tmp_path / "seed.jsonl"
+    seed.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    convs = import_seed(seed, tok, prompts, eos_token_id=2, max_new_tokens=64)
+    assert [c.response_ids[-1] == 2 for c in convs] == [
+        True,
+        False,
+        False,
+    ]  # 6 = the seed's budget: cut there
+
+
+def story_prompts_file(folder):
+    path = folder / "prompts.jsonl"
+    path.write_text(
+        "".join(json.dumps({"id": f"s{i}", "instruction": f"Tell a story {i}"}) + "\n" for i in range(3))
+    )
+    return path

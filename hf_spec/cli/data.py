@@ -35,6 +35,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_data_args(responses)
     # bfloat16 batches cost about what one row does on AMX; the answers are tagged with their dtype
     add_dtype_argument(responses)
+    responses.add_argument(
+        "--continue-cut",
+        action="store_true",
+        help="continue cached answers that an earlier, smaller --max-new-tokens cut (no EOS) up to this one",
+    )
     responses.set_defaults(func=run_responses)
     features = steps.add_parser("features", help="capture the target's features and top-K probabilities")
     add_data_args(features)
@@ -58,6 +63,7 @@ def conversations_from_args(args: argparse.Namespace):
         args.batch_size,
         generate=not args.cached_only,
         dtype=resolve_dtype(getattr(args, "dtype", "float32")),
+        continue_cut=getattr(args, "continue_cut", False),
     )
 
 
@@ -65,7 +71,11 @@ def run_responses(args: argparse.Namespace) -> int:
     _, _, convs = conversations_from_args(args)
     tokens = sum(len(c.response_ids) for c in convs)
     seeded = sum(c.source == "seed" for c in convs)
-    print(f"{len(convs)} conversations ({seeded} imported from the seed cache), {tokens} response tokens")
+    continued = sum("+" in c.source for c in convs)
+    print(
+        f"{len(convs)} conversations ({seeded} imported from the seed cache, {continued} continued answers), "
+        f"{tokens} response tokens"
+    )
     return 0
 
 

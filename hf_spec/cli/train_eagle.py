@@ -91,8 +91,7 @@ def train_and_save(args: argparse.Namespace, cfg, train_fn, recipe_cls, kind: st
 
     model, _, convs = conversations_from_args(args)
     store = capture_features(model, convs, args.data_dir, target=args.target)
-    wanted = {c.id for c in convs}
-    sequences = [s for s, cid in zip(store.load_sequences(), store.done, strict=True) if cid in wanted]
+    sequences = store.load_sequences({c.id for c in convs})
     out = Path(args.out)
     run_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else cache_root() / "runs" / out.resolve().name
     head, report = train_fn(model, sequences, run_dir, cfg)

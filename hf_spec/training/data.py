@@ -24,9 +24,11 @@ def load_conversations(
     tokenizer=None,
     generate: bool = True,
     dtype: torch.dtype = torch.float32,
+    continue_cut: bool = False,
 ) -> tuple[object, object, list[Conversation]]:
     """`(model, tokenizer, conversations)`: answers missing from the cache are generated first, by the target in
-    `dtype` (tagged `generated-bfloat16` etc. when not float32)."""
+    `dtype` (tagged `generated-bfloat16` etc. when not float32); `continue_cut`: cached answers cut by a smaller
+    budget than `max_new_tokens` are continued to it."""
     from hf_spec.models.fetch import dtype_name, load_model
 
     if model is None:
@@ -43,5 +45,6 @@ def load_conversations(
         seed_file=seed_cache,
         generate=generate,
         source="generated" if dtype == torch.float32 else f"generated-{dtype_name(dtype)}",
+        continue_cut=continue_cut,
     )
     return model, tokenizer, convs

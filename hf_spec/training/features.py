@@ -9,7 +9,9 @@ Per token position t of a conversation (prompt + response):
 - `response_mask[t]`: 1 where token t belongs to the target's answer.
 
 A shard is one safetensors file of concatenated conversations (`offsets` marks where each starts); the manifest
-lists the conversations done, so an interrupted capture resumes where it stopped.
+lists the conversations done and their lengths, so an interrupted capture resumes where it stopped and a
+conversation whose answer grew (`hf-spec data responses --continue-cut`) is captured again; its newer copy
+supersedes the old one.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
@@ -39,10 +42,13 @@ def unit_features(post_norm_hidden: torch.Tensor, norm: torch.nn.Module) -> torc
 class FeatureStore:
     folder: Path
     shards: list[str] = field(default_factory=list)
-    done: list[str] = field(default_factory=list)  # conversation ids, in shard order
+    done: list[str] = field(
+        default_factory=list
+    )  # conversation ids, in shard order (a re-captured id: twice)
     num_tokens: int = 0
     topk: int = 16
     fingerprint: dict = field(default_factory=dict)
+    lengths: list[int] = field(default_factory=list)  # tokens of each entry of `done`
 
     @classmethod
     def open(cls, folder: str | os.PathLike) -> FeatureStore:
@@ -52,13 +58,27 @@ class FeatureStore:
             return cls(folder)
         try:
             data = json.loads(path.read_text())
-            return cls(
+            store = cls(
                 folder, data["shards"], data["done"], data["num_tokens"], data["topk"], data["fingerprint"]
             )
         except (json.JSONDecodeError, KeyError) as err:
             raise ValueError(
                 f"{path}: corrupt feature manifest ({err}); delete the folder to recapture"
             ) from None
+        # manifests written before lengths were recorded: read them from the shards' offsets
+        store.lengths = data.get("lengths") or store._lengths_from_shards()
+        return store
+
+    def _lengths_from_shards(self) -> list[int]:
+        lengths: list[int] = []
+        for name in self.shards:
+            with safe_open(self.folder / name, framework="pt") as shard:
+                lengths += shard.get_tensor("offsets").diff().tolist()
+        return lengths
+
+    def captured(self) -> dict[str, int]:
+        """Conversation id -> token count of its newest capture."""
+        return dict(zip(self.done, self.lengths, strict=True))
 
     def save_manifest(self) -> None:
         data = {
@@ -67,21 +87,25 @@ class FeatureStore:
             "num_tokens": self.num_tokens,
             "topk": self.topk,
             "fingerprint": self.fingerprint,
+            "lengths": self.lengths,
         }
         tmp = self.folder / (MANIFEST + ".tmp")
         tmp.write_text(json.dumps(data))
         tmp.replace(self.folder / MANIFEST)
 
-    def load_sequences(self) -> list[dict[str, torch.Tensor]]:
-        """Every conversation as a dict of tensors (`input_ids`, `features`, `topk_ids`, `topk_logp`,
-        `response_mask`), features kept in bfloat16."""
-        sequences = []
+    def load_sequences(self, ids: set[str] | None = None) -> list[dict[str, torch.Tensor]]:
+        """Every conversation (of `ids`, if given) as a dict of tensors (`input_ids`, `features`, `topk_ids`,
+        `topk_logp`, `response_mask`), features kept in bfloat16: its newest capture, at the place of its first
+        (so a re-captured conversation keeps its place, e.g. in the held-out split)."""
+        entries = []
         for name in self.shards:
             shard = load_file(self.folder / name)
             offsets = shard.pop("offsets").tolist()
             for start, end in zip(offsets[:-1], offsets[1:], strict=True):
-                sequences.append({key: value[start:end] for key, value in shard.items()})
-        return sequences
+                entries.append({key: value[start:end] for key, value in shard.items()})
+        newest = dict(zip(self.done, entries, strict=True))
+        order = dict.fromkeys(self.done)  # first occurrences, in capture order
+        return [newest[cid] for cid in order if ids is None or cid in ids]
 
 
 @torch.no_grad()
@@ -107,8 +131,8 @@ def capture_features(
         raise ValueError(f"{folder} was captured with topk={store.topk}, not {topk}")
     store.topk, store.fingerprint = topk, fingerprint
     parts = decoder_parts(model)
-    done = set(store.done)
-    todo = [c for c in conversations if c.id not in done]
+    captured = store.captured()
+    todo = [c for c in conversations if captured.get(c.id) != len(c.input_ids)]
     pending: list[tuple[str, dict[str, torch.Tensor]]] = []
     bar = tqdm(total=len(todo), desc="target features", unit="conv", disable=not progress)
     for conv in todo:
@@ -154,5 +178,6 @@ def _write_shard(store: FeatureStore, pending: list[tuple[str, dict[str, torch.T
     tmp.replace(store.folder / name)
     store.shards.append(name)
     store.done.extend(p[0] for p in pending)
+    store.lengths.extend(lengths)
     store.num_tokens += sum(lengths)
     store.save_manifest()

@@ -88,17 +88,17 @@ def import_seed(
     """Conversations from a seed JSONL (`id`, `prompt` text, `response` text, `response_tokens`) whose prompt
     text is exactly what this tokenizer's chat template makes of the same prompt id; others are left to generate."""
     by_id = {p.id: p for p in prompts}
+    rows = [json.loads(line) for line in Path(seed_file).read_text().splitlines()]
+    # the seed's own budget is not recorded: an answer as long as the longest one was cut there, not finished
+    seed_budget = max((int(r.get("response_tokens", 0)) for r in rows), default=0)
     imported = []
-    for line in Path(seed_file).read_text().splitlines():
-        row = json.loads(line)
+    for row in rows:
         prompt = by_id.get(str(row.get("id")))
         if prompt is None or chat_prompt_text(tokenizer, prompt) != row.get("prompt"):
             continue
         response = tokenizer(row["response"], add_special_tokens=False).input_ids
-        if (
-            int(row.get("response_tokens", len(response))) < max_new_tokens
-        ):  # it finished: the answer ends in EOS
-            response = response + [eos_token_id]
+        if int(row.get("response_tokens", len(response))) < min(seed_budget, max_new_tokens):
+            response = response + [eos_token_id]  # it finished: the answer ends in EOS
         prompt_ids = tokenizer(row["prompt"], add_special_tokens=False).input_ids
         imported.append(Conversation(prompt.id, prompt_ids, response, source="seed"))
     return imported
@@ -118,10 +118,13 @@ def generate_responses(
     progress: bool = True,
     generate: bool = True,
     source: str = "generated",
+    continue_cut: bool = False,
 ) -> list[Conversation]:
-    """Answer every prompt not in `cache` yet (greedy, batched, left-padded; shortest prompts first), appending
-    each finished batch to the cache. Returns the conversations of `prompts`, in order (overlong prompts skipped).
-    `generate=False`: only what the cache (and seed) already hold; `source` tags the new answers."""
+    """Answer every prompt not in `cache` yet (greedy, batched, left-padded; shortest prompts first), appending each
+    finished batch to the cache (the newest line of a conversation wins). `continue_cut`: also continue every
+    cached answer shorter than `max_new_tokens` that has no EOS (cut by an earlier, smaller budget). Returns the
+    conversations of `prompts`, in order (overlong prompts skipped). `generate=False`: only what the cache (and
+    seed) already hold; `source` tags the new answers (a continued one: `<old source>+<source>`)."""
     eos = model.generation_config.eos_token_id
     eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
     if not eos_ids:
@@ -139,37 +142,62 @@ def generate_responses(
     encoded = {
         p.id: tokenizer(chat_prompt_text(tokenizer, p), add_special_tokens=False).input_ids for p in prompts
     }
-    todo = (
-        [p for p in prompts if p.id not in done and len(encoded[p.id]) <= max_prompt_tokens]
-        if generate
-        else []
-    )
-    todo.sort(key=lambda p: len(encoded[p.id]))
+    todo: list[Conversation] = []  # answers to write: empty (new prompts) or cut ones to continue
+    if generate:
+        for p in prompts:
+            conv = done.get(p.id)
+            if conv is None and len(encoded[p.id]) <= max_prompt_tokens:
+                todo.append(Conversation(p.id, encoded[p.id], [], source))
+            elif conv is not None and continue_cut and _was_cut(conv, eos_ids, max_new_tokens):
+                todo.append(
+                    Conversation(conv.id, conv.prompt_ids, conv.response_ids, f"{conv.source}+{source}")
+                )
+    # batches share the length of the answer so far (and so their remaining budget); shortest contexts first
+    todo.sort(key=lambda c: (len(c.response_ids), len(c.input_ids)))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
     bar = tqdm(total=len(todo), desc="target responses", unit="prompt", disable=not progress)
-    for start in range(0, len(todo), batch_size):
-        batch = todo[start : start + batch_size]
-        ids = [encoded[p.id] for p in batch]
-        width = max(map(len, ids))
-        input_ids = torch.tensor([[pad_id] * (width - len(x)) + x for x in ids])
-        attention_mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
-        out = model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            do_sample=False,
-            max_new_tokens=max_new_tokens,
-            pad_token_id=pad_id,
-        )
-        convs = [
-            Conversation(p.id, encoded[p.id], _cut_at_eos(row[width:].tolist(), eos_ids), source)
-            for p, row in zip(batch, out, strict=True)
-        ]
+    start = 0
+    while start < len(todo):
+        answered = len(todo[start].response_ids)
+        batch = [c for c in todo[start : start + batch_size] if len(c.response_ids) == answered]
+        start += len(batch)
+        convs = _continue_batch(model, batch, max_new_tokens - answered, pad_id, eos_ids)
         cache.append(convs)
         done.update({c.id: c for c in convs})
         bar.update(len(batch))
-        bar.set_postfix(tokens=sum(len(c.response_ids) for c in convs))
+        bar.set_postfix(tokens=sum(len(c.response_ids) - answered for c in convs))
     bar.close()
     return [done[p.id] for p in prompts if p.id in done]
+
+
+def _was_cut(conv: Conversation, eos_ids: list[int], max_new_tokens: int) -> bool:
+    """The answer stopped at an earlier, smaller token budget rather than at EOS. (Opt-in only: an imported seed
+    answer re-tokenized from text can be a few tokens short of the budget that cut it.)"""
+    ended = bool(conv.response_ids) and conv.response_ids[-1] in eos_ids
+    return not ended and len(conv.response_ids) < max_new_tokens
+
+
+def _continue_batch(
+    model, batch: list[Conversation], budget: int, pad_id: int, eos_ids: list[int]
+) -> list[Conversation]:
+    """Greedy continuation of each conversation by up to `budget` tokens, left-padded in one `generate` call."""
+    ids = [c.input_ids for c in batch]
+    width = max(map(len, ids))
+    input_ids = torch.tensor([[pad_id] * (width - len(x)) + x for x in ids])
+    attention_mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
+    out = model.generate(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        do_sample=False,
+        max_new_tokens=budget,
+        pad_token_id=pad_id,
+    )
+    return [
+        Conversation(
+            c.id, c.prompt_ids, c.response_ids + _cut_at_eos(row[width:].tolist(), eos_ids), c.source
+        )
+        for c, row in zip(batch, out, strict=True)
+    ]
 
 
 def _cut_at_eos(tokens: list[int], eos_ids: list[int]) -> list[int]:
