@@ -42,9 +42,8 @@ def unit_features(post_norm_hidden: torch.Tensor, norm: torch.nn.Module) -> torc
 class FeatureStore:
     folder: Path
     shards: list[str] = field(default_factory=list)
-    done: list[str] = field(
-        default_factory=list
-    )  # conversation ids, in shard order (a re-captured id: twice)
+    # conversation ids in shard order; a re-captured conversation appears again, its newest copy counts
+    done: list[str] = field(default_factory=list)
     num_tokens: int = 0
     topk: int = 16
     fingerprint: dict = field(default_factory=dict)
