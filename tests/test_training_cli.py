@@ -81,6 +81,8 @@ def test_train_cli_end_to_end_and_resume(tmp_path, prompts_file, kind):
     assert main(args) == 0
     again = json.loads((out / "training_report.json").read_text())
     assert again["steps"] == report["steps"] and again["final_loss"] == report["final_loss"]
+    with pytest.raises(ValueError, match="holds a run on other data"):  # resuming on other data is refused
+        main([*args, "--limit", "6"])
 
     tok = AutoTokenizer.from_pretrained(STORIES)
     model = AutoModelForCausalLM.from_pretrained(STORIES).eval()

@@ -174,9 +174,15 @@ def train_head(
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     scheduler = warmup_linear_decay(optimizer, total_steps, int(cfg.warmup * total_steps))
-    step, extra = 0, {"d2t": head.d2t.tolist(), "history": [], "wall_seconds": 0.0}
+    data = {"conversations": len(train_set), "tokens": sum(lengths)}
+    step, extra = 0, {"d2t": head.d2t.tolist(), "history": [], "wall_seconds": 0.0, "data": data}
     if checkpoint.exists():
         step, extra = checkpoint.load(head, optimizer, scheduler)
+        if extra.get("data", data) != data:  # runs checkpointed before the data was recorded: not checked
+            raise ValueError(
+                f"{out} holds a run on other data ({extra['data']}, now {data}): its schedule and draft vocabulary "
+                "do not fit; delete that folder (or give another --checkpoint-dir) to start afresh"
+            )
         head.attach_target(target)
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     device, amp = accelerator.device.type, autocast_dtype(cfg.precision)
