@@ -170,6 +170,10 @@ def train_head(
 
     lengths = [min(len(s["input_ids"]), cfg.max_len) for s in train_set]
     schedule = training_schedule(lengths, cfg.batch_tokens, cfg.seed, cfg.epochs)
+    if not schedule:
+        raise ValueError(
+            f"nothing to train: epochs must be positive (got {cfg.epochs}) and the data non-empty"
+        )
     total_steps = len(schedule)
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
