@@ -6,7 +6,22 @@ from hf_spec.config import MethodConfig
 
 
 @dataclass
-class EarlyExitConfig(MethodConfig):
+class ExitHeadsOptions:
+    """The exit-head fields shared by the early-exit drafters (`early-exit`, `hispec`)."""
+
+    exit_heads: str = field(
+        default="",
+        metadata={
+            "help": "exit-heads folder (`hf-spec train exits`); empty: the target's final norm + LM head"
+        },
+    )
+    draft_vocab: bool = field(
+        default=False, metadata={"help": "exits take their argmax over the heads' draft vocabulary only"}
+    )
+
+
+@dataclass
+class EarlyExitConfig(MethodConfig, ExitHeadsOptions):
     """Self-speculation: the target's first `exit_layer` layers + its final norm and LM head draft a chain
     (LayerSkip, Elhoushi et al. 2024, without its training recipe). The draft writes into the target's own
     KV cache of those layers, which already holds the committed tokens, and is rolled back afterwards.
@@ -32,12 +47,3 @@ class EarlyExitConfig(MethodConfig):
     num_draft_tokens: int = field(default=3, metadata={"help": "chain length"})
     siblings: int = field(default=0, metadata={"help": "extra top-k leaves per depth"})
     min_confidence: float = field(default=0.0, metadata={"help": "stop drafting below this probability"})
-    exit_heads: str = field(
-        default="",
-        metadata={
-            "help": "exit-heads folder (`hf-spec train exits`); empty: the target's final norm + LM head"
-        },
-    )
-    draft_vocab: bool = field(
-        default=False, metadata={"help": "exits take their argmax over the heads' draft vocabulary only"}
-    )

@@ -3,10 +3,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hf_spec.config import MethodConfig
+from hf_spec.methods.early_exit.config import ExitHeadsOptions
 
 
 @dataclass
-class HiSpecConfig(MethodConfig):
+class HiSpecConfig(MethodConfig, ExitHeadsOptions):
     """HiSpec: hierarchical early-exit speculation with intermediate verification (Kumar et al. 2025,
     "HiSpec: Hierarchical Speculative Decoding for LLMs", Algorithm 2). One target, three models: its first
     `draft_layer` layers draft, its first `verify_layer` layers verify early, the full model verifies for good.
@@ -30,15 +31,6 @@ class HiSpecConfig(MethodConfig):
     verify_layer: int = field(default=0, metadata={"help": "L_i: layers that verify early (0: depth / 4)"})
     num_draft_tokens: int = field(default=2, metadata={"help": "N_d: drafted tokens per intermediate check"})
     num_buffer_tokens: int = field(default=4, metadata={"help": "N_i: buffered tokens per full verification"})
-    exit_heads: str = field(
-        default="",
-        metadata={
-            "help": "exit-heads folder (`hf-spec train exits`); empty: the target's final norm + LM head"
-        },
-    )
-    draft_vocab: bool = field(
-        default=False, metadata={"help": "exits take their argmax over the heads' draft vocabulary only"}
-    )
 
     def __post_init__(self) -> None:
         if self.num_draft_tokens < 1 or self.num_buffer_tokens < 1:
