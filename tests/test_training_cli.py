@@ -222,3 +222,45 @@ def story_prompts_file(folder):
         "".join(json.dumps({"id": f"s{i}", "instruction": f"Tell a story {i}"}) + "\n" for i in range(3))
     )
     return path
+
+
+def test_sampled_answers_are_extra_conversations_seeded_and_held_out_with_their_prompt(
+    tmp_path, prompts_file, keep_threads
+):
+    """`--samples 2`: two sampled answers per prompt beside the unchanged greedy one, reproducible, cached (a second
+    run adds nothing), and a held-out prompt takes its sampled answers with it."""
+    from hf_spec.training.responses import SAMPLE_MARK, prompt_id_of
+    from hf_spec.training.trainer import split_heldout
+
+    def answers(data, *extra):
+        args = ["data", "responses", *data_args(data, prompts_file), "--limit", "3", "--threads", "1"]
+        assert main([*args, "--max-new-tokens", "12", *extra]) == 0
+        return ResponseCache(data).load()
+
+    greedy = answers(tmp_path / "greedy")
+    both = answers(tmp_path / "sampled", "--samples", "2", "--temperature", "1.0")
+    again = answers(tmp_path / "again", "--samples", "2", "--temperature", "1.0")
+    sampled = {k: c for k, c in both.items() if SAMPLE_MARK in k}
+    assert len(sampled) == 6 and {prompt_id_of(k) for k in sampled} == set(greedy)
+    assert {k: c.response_ids for k, c in both.items() if k in greedy} == {
+        k: c.response_ids for k, c in greedy.items()
+    }
+    assert all(
+        c.source == "generated-t1" and c.prompt_ids == both[prompt_id_of(k)].prompt_ids
+        for k, c in sampled.items()
+    )
+    assert any(c.response_ids != greedy[prompt_id_of(k)].response_ids for k, c in sampled.items())
+    assert {k: c.response_ids for k, c in again.items()} == {k: c.response_ids for k, c in both.items()}
+    lines = (tmp_path / "sampled" / "responses.jsonl").read_text().count("\n")
+    answers(tmp_path / "sampled", "--samples", "2", "--temperature", "1.0")
+    assert (tmp_path / "sampled" / "responses.jsonl").read_text().count("\n") == lines
+
+    ids = [f"p{i}" for i in range(8)] + [f"p{i}{SAMPLE_MARK}1" for i in range(8)]
+    sequences = [{"id": i} for i in ids]
+    train, held = split_heldout(sequences, 2, [prompt_id_of(i) for i in ids])
+    assert sorted(s["id"] for s in held) == ["p0", f"p0{SAMPLE_MARK}1", "p4", f"p4{SAMPLE_MARK}1"]
+    assert len(train) == 12
+    # without groups (or with only greedy answers) the split is the one of earlier runs: every k-th sequence
+    assert split_heldout(sequences[:8], 2) == split_heldout(sequences[:8], 2, ids[:8])
+    with pytest.raises(ValueError, match="temperature"):
+        answers(tmp_path / "bad", "--samples", "1", "--temperature", "0")

@@ -22,6 +22,13 @@ def add_data_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--threads", type=int, help="torch CPU threads")
     parser.add_argument(
+        "--samples",
+        type=int,
+        default=0,
+        help="answers per prompt sampled from the target besides its greedy one (more data from the same prompts)",
+    )
+    parser.add_argument("--temperature", type=float, default=0.7, help="temperature of the sampled answers")
+    parser.add_argument(
         "--cached-only",
         action="store_true",
         help="use only answers already cached (or seeded); generate none",
@@ -64,17 +71,22 @@ def conversations_from_args(args: argparse.Namespace):
         generate=not args.cached_only,
         dtype=resolve_dtype(getattr(args, "dtype", "float32")),
         continue_cut=getattr(args, "continue_cut", False),
+        samples=args.samples,
+        temperature=args.temperature,
     )
 
 
 def run_responses(args: argparse.Namespace) -> int:
+    from hf_spec.training.responses import SAMPLE_MARK
+
     _, _, convs = conversations_from_args(args)
     tokens = sum(len(c.response_ids) for c in convs)
     seeded = sum(c.source == "seed" for c in convs)
     continued = sum("+" in c.source for c in convs)
+    sampled = sum(SAMPLE_MARK in c.id for c in convs)
     print(
-        f"{len(convs)} conversations ({seeded} imported from the seed cache, {continued} continued answers), "
-        f"{tokens} response tokens"
+        f"{len(convs)} conversations ({seeded} imported from the seed cache, {continued} continued answers, "
+        f"{sampled} sampled answers), {tokens} response tokens"
     )
     return 0
 

@@ -88,13 +88,16 @@ def train_and_save(args: argparse.Namespace, cfg, train_fn, recipe_cls, kind: st
     from hf_spec.models.fetch import cache_root
     from hf_spec.training.data import DEFAULT_PROMPTS
     from hf_spec.training.features import capture_features
+    from hf_spec.training.responses import prompt_id_of
 
     model, _, convs = conversations_from_args(args)
     store = capture_features(model, convs, args.data_dir, target=args.target)
-    sequences = store.load_sequences({c.id for c in convs})
+    wanted = {c.id for c in convs}
+    sequences = store.load_sequences(wanted)
+    groups = [prompt_id_of(cid) for cid in store.ordered_ids(wanted)]  # sampled answers go with their prompt
     out = Path(args.out)
     run_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else cache_root() / "runs" / out.resolve().name
-    head, report = train_fn(model, sequences, run_dir, cfg)
+    head, report = train_fn(model, sequences, run_dir, cfg, groups=groups)
     command = "hf-spec " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     report["command"] = command
     report["prompt_files"] = args.prompts or DEFAULT_PROMPTS

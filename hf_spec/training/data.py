@@ -25,10 +25,13 @@ def load_conversations(
     generate: bool = True,
     dtype: torch.dtype = torch.float32,
     continue_cut: bool = False,
+    samples: int = 0,
+    temperature: float = 0.7,
 ) -> tuple[object, object, list[Conversation]]:
     """`(model, tokenizer, conversations)`: answers missing from the cache are generated first, by the target in
     `dtype` (tagged `generated-bfloat16` etc. when not float32); `continue_cut`: cached answers cut by a smaller
-    budget than `max_new_tokens` are continued to it."""
+    budget than `max_new_tokens` are continued to it; `samples`: sampled answers per prompt besides the greedy
+    one (at `temperature`)."""
     from hf_spec.models.fetch import dtype_name, load_model
 
     if model is None:
@@ -46,5 +49,7 @@ def load_conversations(
         generate=generate,
         source="generated" if dtype == torch.float32 else f"generated-{dtype_name(dtype)}",
         continue_cut=continue_cut,
+        samples=samples,
+        temperature=temperature,
     )
     return model, tokenizer, convs

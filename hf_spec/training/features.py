@@ -92,10 +92,14 @@ class FeatureStore:
         tmp.write_text(json.dumps(data))
         tmp.replace(self.folder / MANIFEST)
 
+    def ordered_ids(self, ids: set[str] | None = None) -> list[str]:
+        """The conversations (of `ids`, if given) in the order `load_sequences` returns them: of first capture."""
+        return [cid for cid in dict.fromkeys(self.done) if ids is None or cid in ids]
+
     def load_sequences(self, ids: set[str] | None = None) -> list[dict[str, torch.Tensor]]:
         """Every conversation (of `ids`, if given) as a dict of tensors (`input_ids`, `features`, `topk_ids`,
         `topk_logp`, `response_mask`), features kept in bfloat16: its newest capture, at the place of its first
-        (so a re-captured conversation keeps its place, e.g. in the held-out split)."""
+        (so a re-captured conversation keeps its place, e.g. in the held-out split); order: `ordered_ids`."""
         entries = []
         for name in self.shards:
             shard = load_file(self.folder / name)
@@ -103,8 +107,7 @@ class FeatureStore:
             for start, end in zip(offsets[:-1], offsets[1:], strict=True):
                 entries.append({key: value[start:end] for key, value in shard.items()})
         newest = dict(zip(self.done, entries, strict=True))
-        order = dict.fromkeys(self.done)  # first occurrences, in capture order
-        return [newest[cid] for cid in order if ids is None or cid in ids]
+        return [newest[cid] for cid in self.ordered_ids(ids)]
 
 
 @torch.no_grad()

@@ -1,10 +1,14 @@
-"""The target's own greedy answers to training prompts: generated in batches, cached line by line (resumable),
-optionally seeded from an earlier run's JSONL (e.g. ../shared/data/train/responses/<target>.jsonl)."""
+"""The target's own answers to training prompts: generated in batches, cached line by line (resumable),
+optionally seeded from an earlier run's JSONL (e.g. ../shared/data/train/responses/<target>.jsonl).
+
+Every prompt gets its greedy answer (id = the prompt's id) and, on request, sampled ones (id `<prompt id>#sample<k>`):
+more data from the same prompts, drawn from the target's own distribution."""
 
 from __future__ import annotations
 
 import json
 import os
+import zlib
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,6 +33,19 @@ class Conversation:
     @property
     def input_ids(self) -> list[int]:
         return self.prompt_ids + self.response_ids
+
+
+SAMPLE_MARK = "#sample"
+
+
+def sampled_id(prompt_id: str, k: int) -> str:
+    """Conversation id of the k-th (1-based) sampled answer to a prompt."""
+    return f"{prompt_id}{SAMPLE_MARK}{k}"
+
+
+def prompt_id_of(conversation_id: str) -> str:
+    """The prompt a conversation answers (its greedy and sampled answers share it)."""
+    return conversation_id.split(SAMPLE_MARK)[0]
 
 
 def default_data_dir(target: str) -> Path:
@@ -119,12 +136,18 @@ def generate_responses(
     generate: bool = True,
     source: str = "generated",
     continue_cut: bool = False,
+    samples: int = 0,
+    temperature: float = 0.7,
 ) -> list[Conversation]:
     """Answer every prompt not in `cache` yet (greedy, batched, left-padded; shortest prompts first), appending each
-    finished batch to the cache (the newest line of a conversation wins). `continue_cut`: also continue every
+    finished batch to the cache (the newest line of a conversation wins). `samples`: also `samples` answers per
+    prompt sampled at `temperature` (tagged `<source>-t<temperature>`). `continue_cut`: also continue every
     cached answer shorter than `max_new_tokens` that has no EOS (cut by an earlier, smaller budget). Returns the
-    conversations of `prompts`, in order (overlong prompts skipped). `generate=False`: only what the cache (and
-    seed) already hold; `source` tags the new answers (a continued one: `<old source>+<source>`)."""
+    greedy conversations of `prompts` in order, then the sampled ones (overlong prompts skipped).
+    `generate=False`: only what the cache (and seed) already hold; `source` tags the new answers (a continued
+    one: `<old source>+<source>`)."""
+    if samples < 0 or (samples and temperature <= 0):
+        raise ValueError(f"samples must be >= 0 and temperature > 0 (got {samples}, {temperature})")
     eos = model.generation_config.eos_token_id
     eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
     if not eos_ids:
@@ -142,32 +165,42 @@ def generate_responses(
     encoded = {
         p.id: tokenizer(chat_prompt_text(tokenizer, p), add_special_tokens=False).input_ids for p in prompts
     }
+    wanted = [(p.id, p.id, source) for p in prompts] + [
+        (sampled_id(p.id, k), p.id, f"{source}-t{temperature:g}")
+        for p in prompts
+        for k in range(1, samples + 1)
+    ]
     todo: list[Conversation] = []  # answers to write: empty (new prompts) or cut ones to continue
     if generate:
-        for p in prompts:
-            conv = done.get(p.id)
-            if conv is None and len(encoded[p.id]) <= max_prompt_tokens:
-                todo.append(Conversation(p.id, encoded[p.id], [], source))
+        for cid, pid, tag in wanted:
+            conv = done.get(cid)
+            if conv is None and len(encoded[pid]) <= max_prompt_tokens:
+                todo.append(Conversation(cid, encoded[pid], [], tag))
             elif conv is not None and continue_cut and _was_cut(conv, eos_ids, max_new_tokens):
-                todo.append(
-                    Conversation(conv.id, conv.prompt_ids, conv.response_ids, f"{conv.source}+{source}")
-                )
-    # batches share the length of the answer so far (and so their remaining budget); shortest contexts first
-    todo.sort(key=lambda c: (len(c.response_ids), len(c.input_ids)))
+                todo.append(Conversation(conv.id, conv.prompt_ids, conv.response_ids, f"{conv.source}+{tag}"))
+    # batches share the length of the answer so far (and so their remaining budget) and greedy or sampled
+    # decoding; shortest contexts first
+    todo.sort(key=lambda c: (len(c.response_ids), SAMPLE_MARK in c.id, len(c.input_ids)))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
     bar = tqdm(total=len(todo), desc="target responses", unit="prompt", disable=not progress)
     start = 0
     while start < len(todo):
-        answered = len(todo[start].response_ids)
-        batch = [c for c in todo[start : start + batch_size] if len(c.response_ids) == answered]
+        answered, sampled = len(todo[start].response_ids), SAMPLE_MARK in todo[start].id
+        batch = [
+            c
+            for c in todo[start : start + batch_size]
+            if len(c.response_ids) == answered and (SAMPLE_MARK in c.id) == sampled
+        ]
         start += len(batch)
-        convs = _continue_batch(model, batch, max_new_tokens - answered, pad_id, eos_ids)
+        convs = _continue_batch(
+            model, batch, max_new_tokens - answered, pad_id, eos_ids, temperature if sampled else 0.0
+        )
         cache.append(convs)
         done.update({c.id: c for c in convs})
         bar.update(len(batch))
         bar.set_postfix(tokens=sum(len(c.response_ids) - answered for c in convs))
     bar.close()
-    return [done[p.id] for p in prompts if p.id in done]
+    return [done[cid] for cid, _, _ in wanted if cid in done]
 
 
 def _was_cut(conv: Conversation, eos_ids: list[int], max_new_tokens: int) -> bool:
@@ -178,19 +211,25 @@ def _was_cut(conv: Conversation, eos_ids: list[int], max_new_tokens: int) -> boo
 
 
 def _continue_batch(
-    model, batch: list[Conversation], budget: int, pad_id: int, eos_ids: list[int]
+    model, batch: list[Conversation], budget: int, pad_id: int, eos_ids: list[int], temperature: float = 0.0
 ) -> list[Conversation]:
-    """Greedy continuation of each conversation by up to `budget` tokens, left-padded in one `generate` call."""
+    """Continuation of each conversation by up to `budget` tokens, left-padded in one `generate` call: greedy, or
+    sampled from the target's distribution at `temperature` (no top-k/top-p), seeded by the batch's ids."""
     ids = [c.input_ids for c in batch]
     width = max(map(len, ids))
     input_ids = torch.tensor([[pad_id] * (width - len(x)) + x for x in ids])
     attention_mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
+    sampling = {}
+    if temperature > 0:
+        torch.manual_seed(zlib.crc32(" ".join(c.id for c in batch).encode()))
+        sampling = {"temperature": temperature, "top_k": 0, "top_p": 1.0}
     out = model.generate(
         input_ids=input_ids,
         attention_mask=attention_mask,
-        do_sample=False,
+        do_sample=temperature > 0,
         max_new_tokens=budget,
         pad_token_id=pad_id,
+        **sampling,
     )
     return [
         Conversation(

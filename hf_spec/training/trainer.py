@@ -110,14 +110,21 @@ def autocast_dtype(precision: str) -> torch.dtype | None:
     return torch.bfloat16 if native else None
 
 
-def split_heldout(sequences: list[dict], count: int) -> tuple[list[dict], list[dict]]:
-    """Every k-th conversation held out for evaluation (deterministic)."""
-    if count <= 0 or len(sequences) < 2 * count:
+def split_heldout(
+    sequences: list[dict], count: int, groups: list[str] | None = None
+) -> tuple[list[dict], list[dict]]:
+    """Every k-th prompt held out for evaluation (deterministic), with all its sequences: `groups[i]` names the
+    prompt of `sequences[i]` (its greedy and sampled answers); default: each sequence its own prompt."""
+    groups = groups if groups is not None else [str(i) for i in range(len(sequences))]
+    if len(groups) != len(sequences):
+        raise ValueError(f"{len(groups)} groups for {len(sequences)} sequences")
+    prompts = list(dict.fromkeys(groups))  # in order of first appearance
+    if count <= 0 or len(prompts) < 2 * count:
         return sequences, []
-    stride = len(sequences) // count
-    held = set(range(0, stride * count, stride))
-    return [s for i, s in enumerate(sequences) if i not in held], [
-        s for i, s in enumerate(sequences) if i in held
+    stride = len(prompts) // count
+    held = {prompts[i] for i in range(0, stride * count, stride)}
+    return [s for s, g in zip(sequences, groups, strict=True) if g not in held], [
+        s for s, g in zip(sequences, groups, strict=True) if g in held
     ]
 
 
@@ -146,13 +153,15 @@ def train_head(
     cfg: HeadTrainConfig,
     step_fn: StepFn,
     progress: bool = True,
+    groups: list[str] | None = None,
 ):
-    """Train (or resume) the fresh `head` for `target` on captured `sequences`; returns `(head, report)`."""
+    """Train (or resume) the fresh `head` for `target` on captured `sequences`; returns `(head, report)`.
+    `groups`: the prompt of each sequence, so that a held-out prompt's sampled answers are held out too."""
     from accelerate import Accelerator
 
     torch.manual_seed(cfg.seed)
     out = Path(out)
-    train_set, heldout = split_heldout(sequences, cfg.heldout)
+    train_set, heldout = split_heldout(sequences, cfg.heldout, groups)
     vocab_size = target.get_input_embeddings().weight.shape[0]
     eos = target.generation_config.eos_token_id
     keep = [eos] if isinstance(eos, int) else list(eos or [])

@@ -56,7 +56,15 @@ def head_step(
     return loss, accs, parts
 
 
-def train_eagle(target, sequences: list[dict], out: str | Path, cfg: EagleTrainConfig, progress: bool = True):
-    """Train (or resume) an EAGLE/HASS head for `target`; returns `(head, report)`."""
+def train_eagle(
+    target,
+    sequences: list[dict],
+    out: str | Path,
+    cfg: EagleTrainConfig,
+    progress: bool = True,
+    groups: list[str] | None = None,
+):
+    """Train (or resume) an EAGLE/HASS head for `target`; returns `(head, report)`. `groups`: the prompt of each
+    sequence (see `train_head`)."""
     head = EagleHeadModel(EagleHeadConfig.for_target(target, cfg.draft_vocab))
-    return train_head(target, head, sequences, out, cfg, head_step, progress)
+    return train_head(target, head, sequences, out, cfg, head_step, progress, groups)

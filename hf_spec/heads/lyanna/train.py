@@ -69,13 +69,19 @@ def lyanna_step(
 
 
 def train_lyanna(
-    target, sequences: list[dict], out: str | Path, cfg: LyannaTrainConfig, progress: bool = True
+    target,
+    sequences: list[dict],
+    out: str | Path,
+    cfg: LyannaTrainConfig,
+    progress: bool = True,
+    groups: list[str] | None = None,
 ):
-    """Train (or resume) a Lyanna head for `target`; returns `(head, report)`."""
+    """Train (or resume) a Lyanna head for `target`; returns `(head, report)`. `groups`: the prompt of each
+    sequence (see `train_head`)."""
     config = LyannaHeadConfig.for_target(
         target,
         cfg.draft_vocab,
         token_info_rank=cfg.token_info_rank,
         first_token_fusion=cfg.first_token_fusion,
     )
-    return train_head(target, LyannaHeadModel(config), sequences, out, cfg, lyanna_step, progress)
+    return train_head(target, LyannaHeadModel(config), sequences, out, cfg, lyanna_step, progress, groups)
