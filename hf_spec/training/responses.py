@@ -219,18 +219,17 @@ def _continue_batch(
     width = max(map(len, ids))
     input_ids = torch.tensor([[pad_id] * (width - len(x)) + x for x in ids])
     attention_mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
-    sampling = {}
-    if temperature > 0:
+    sampling = {"temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 else {}
+    with torch.random.fork_rng(devices=[]):  # the caller's random state is left as it was
         torch.manual_seed(zlib.crc32(" ".join(c.id for c in batch).encode()))
-        sampling = {"temperature": temperature, "top_k": 0, "top_p": 1.0}
-    out = model.generate(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        do_sample=temperature > 0,
-        max_new_tokens=budget,
-        pad_token_id=pad_id,
-        **sampling,
-    )
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            do_sample=temperature > 0,
+            max_new_tokens=budget,
+            pad_token_id=pad_id,
+            **sampling,
+        )
     return [
         Conversation(
             c.id, c.prompt_ids, c.response_ids + _cut_at_eos(row[width:].tolist(), eos_ids), c.source
