@@ -164,15 +164,19 @@ def test_corrupt_or_missing_head_is_a_clear_error(tmp_path, trained):
         load_head(str(bad), model)
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_greedy_equals_generate_and_accepts(trained, seed):
+@pytest.mark.parametrize("seed,quantize", [(1, ""), (2, ""), (1, "int8"), (2, "int4")])
+def test_greedy_equals_generate_and_accepts(trained, seed, quantize):
     model, head, _, _ = trained
-    dec = SpeculativeDecoder(EagleDrafter(EagleConfig(depth=4, topk=3, total_tokens=10), model, head=head))
+    config = EagleConfig(depth=4, topk=3, total_tokens=10, quantize=quantize)
+    drafter = EagleDrafter(config, model, head=head)
+    dec = SpeculativeDecoder(drafter)
     ids = prompt_ids(12, seed=seed)
     ref = model.generate(ids, max_new_tokens=48, do_sample=False)
     out = model.generate(ids, max_new_tokens=48, do_sample=False, custom_generate=dec)
     assert torch.equal(out, ref)
     assert dec.last_stats.accepted_tokens > 0  # the trained head's drafts are really accepted
+    assert bool(drafter.quantized) == bool(quantize) and (drafter.lm_quantized is None) == (not quantize)
+    assert all("forward" not in m.__dict__ for m in head.modules())  # the shared head is left as it was
 
 
 def test_vocab_limit_drafts_frequent_rows_only(trained):

@@ -165,6 +165,19 @@ def test_greedy_equals_generate(trained, resample, token_info):
         assert dec.drafter_for(model).resample_count > 0
 
 
+@pytest.mark.parametrize("quantize", ["int8", "int4"])
+def test_quantized_draft_weights_keep_greedy_exact(trained, quantize):
+    model, head, _, _ = trained
+    drafter = LyannaDrafter(LyannaConfig(depth=4, topk=3, budget=8, quantize=quantize), model, head=head)
+    dec = SpeculativeDecoder(drafter)
+    ids = prompt_ids(12, seed=4)
+    ref = model.generate(ids, max_new_tokens=40, do_sample=False)
+    assert torch.equal(model.generate(ids, max_new_tokens=40, do_sample=False, custom_generate=dec), ref)
+    assert dec.last_stats.accepted_tokens > 0 and drafter.quantized and drafter.lm_quantized is not None
+    with pytest.raises(ValueError, match="quantize must be"):
+        LyannaConfig(quantize="fp8")
+
+
 @pytest.mark.parametrize("token_info", ["lowrank", "table"])
 def test_vocab_limit_keeps_greedy_exact(trained, token_info):
     model, head, _, _ = trained

@@ -60,6 +60,8 @@ def test_greedy_equals_generate(tiny_model, store_dir, seed=1):
         talon(path, adaptive=False),
         talon(path, mode="async", adaptive=False),
         talon(path, drafter="pld"),
+        talon(path, switch="cost"),
+        talon(path, switch="cost", switch_cost=0.5, explore_every=2),
         TalonConfig(retrieval=None, drafter="early-exit:2"),
     ]
     for config in configs:
@@ -67,6 +69,11 @@ def test_greedy_equals_generate(tiny_model, store_dir, seed=1):
         out = tiny_model.generate(ids, max_new_tokens=40, do_sample=False, custom_generate=dec)
         assert torch.equal(out, ref), config
         assert dec.last_stats.new_tokens == ref.shape[1] - ids.shape[1]
+        switch = getattr(dec.drafter_for(tiny_model), "switch", None)
+        if switch is not None:  # the cost switch saw every round and ran the model in some
+            seen = sum(b.count for b in switch.retrieval_accepted)
+            assert seen == dec.last_stats.target_forwards - 1  # observe() skips the last round
+            assert 0 < sum(b.count for b in switch.model_gain) <= seen
     assert not leaked()
 
 
@@ -234,6 +241,8 @@ def test_bad_configs_are_clear_errors(tiny_llama):
         SpeculativeDecoder(RetrievalConfig(datastore_path="/nonexistent/ds")).drafter_for(tiny_llama)
     with pytest.raises(ValueError, match="min_match"):
         RetrievalConfig(min_match=5, max_match=2)
+    with pytest.raises(ValueError, match="switch must be 'match' or 'cost'"):
+        TalonConfig(switch="learned")
 
 
 @pytest.mark.parametrize("async_mode", [False, pytest.param(True, marks=pytest.mark.slow)])

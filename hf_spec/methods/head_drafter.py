@@ -3,13 +3,17 @@ committed positions, which catches up with the target's features after every ver
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import torch
 from transformers import DynamicCache
 
 from hf_spec.config import MethodConfig, read_config
 from hf_spec.heads.base import DraftHeadModel
+from hf_spec.kernels.skinny_linear import fast_linears, skinny_linear
+from hf_spec.kernels.weight_only import QuantizedWeight, quantize_linears, quantized_linears
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
 from hf_spec.training.features import unit_features
 from hf_spec.tree.buffers import additive_mask
@@ -65,10 +69,26 @@ class HeadDrafter(Drafter):
             )
         # the LM-head rows drafted from: d2t is most-frequent first, so the first N rows are the N most frequent
         self.lm_weight = self.head.parts.lm_weight[: limit or full]
+        scheme = getattr(config, "quantize", "")
+        # packed copies for drafting (the head module itself stays as loaded)
+        self.quantized = quantize_linears(self.head, scheme) if scheme else {}
+        self.lm_quantized = QuantizedWeight.from_weight(self.lm_weight, scheme) if scheme else None
         self.norm = model.model.norm
         self.dtype = next(self.head.parameters()).dtype  # the target's: the head runs in its precision
         self.cache = DynamicCache()
         self.pending_features: list[torch.Tensor] = []  # [n, H] chunks
+
+    @contextlib.contextmanager
+    def fast_head(self) -> Iterator[None]:
+        """Inside the block the head's linears run packed (`quantize`) or by the skinny-GEMM kernel."""
+        with quantized_linears(self.quantized), fast_linears(self.head):
+            yield
+
+    def draft_logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """Normed head states `(n, H)` -> draft-vocabulary logits `(n, V_draft)` (`vocab_limit` rows)."""
+        if self.lm_quantized is not None:
+            return self.lm_quantized.linear(normed)
+        return skinny_linear(normed, self.lm_weight)
 
     def begin(self, state: SpecState) -> None:
         if state.hidden_states is None or state.hidden_states.shape[1] != state.seq_len - 1:

@@ -18,6 +18,8 @@ class EagleConfig(MethodConfig):
         total_tokens: verification budget: nodes kept after the global rerank by cumulative log-probability.
         vocab_limit: draft from the first N rows of the head's draft vocabulary only (the N most frequent
             tokens; 0 = all): a smaller LM-head read per level, fewer tokens draftable.
+        quantize: draft with packed `int8` or `int4` copies of the head's weights (CPU; `""`: as loaded): the
+            head's cost here is reading its weights, and verification keeps the output exact either way.
     """
 
     method: ClassVar[str] = "eagle"
@@ -30,12 +32,15 @@ class EagleConfig(MethodConfig):
     vocab_limit: int = field(
         default=0, metadata={"help": "draft from the N most frequent draft tokens (0: all)"}
     )
+    quantize: str = field(default="", metadata={"help": "draft weights: '', int8 or int4"})
 
     def __post_init__(self) -> None:
         if self.depth < 1 or self.topk < 1 or self.total_tokens < 1:
             raise ValueError("eagle: depth, topk and total_tokens must be >= 1")
         if self.vocab_limit < 0:
             raise ValueError("eagle: vocab_limit must be >= 0")
+        if self.quantize not in ("", "int8", "int4"):
+            raise ValueError(f"eagle: quantize must be '', 'int8' or 'int4', got {self.quantize!r}")
 
     @classmethod
     def from_cli_arg(cls, arg: str | None) -> EagleConfig:

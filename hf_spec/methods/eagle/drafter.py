@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 
 from hf_spec.heads.eagle.modeling import EagleHeadModel
-from hf_spec.kernels.skinny_linear import fast_linears, skinny_linear
 from hf_spec.methods.base import SpecState
 from hf_spec.methods.eagle.config import EagleConfig
 from hf_spec.methods.eagle.stepwise import EagleStepper
@@ -36,7 +35,7 @@ class EagleDrafter(HeadDrafter, EagleStepper):
     @torch.no_grad()
     def propose(self, state: SpecState, max_depth: int) -> DraftTree:
         cfg = self.config
-        with fast_linears(self.head):
+        with self.fast_head():
             h_root = self.catch_up(state, self.head)
             depth = min(cfg.depth, max_depth)
             if depth <= 0:
@@ -46,7 +45,7 @@ class EagleDrafter(HeadDrafter, EagleStepper):
 
     def _logp(self, h: torch.Tensor) -> torch.Tensor:
         """Head states `(n, H)` -> log-probabilities over the draft vocabulary `(n, V_draft)`."""
-        return torch.log_softmax(skinny_linear(self.head.parts.norm(h), self.lm_weight).float(), dim=-1)
+        return torch.log_softmax(self.draft_logits(self.head.parts.norm(h)).float(), dim=-1)
 
     def _grow(self, h_root: torch.Tensor, root_pos: int, depth: int) -> DraftTree:
         cfg, d2t = self.config, self.head.d2t

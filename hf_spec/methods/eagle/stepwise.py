@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import torch
 
-from hf_spec.kernels.skinny_linear import fast_linears, skinny_linear
 from hf_spec.methods.base import SpecState
 from hf_spec.methods.head_drafter import causal_mask
 from hf_spec.methods.stepwise import DraftStep, StepwiseDrafter
@@ -25,7 +24,7 @@ class EagleStepper(StepwiseDrafter):
     `self.cache`, `self.lm_weight`)."""
 
     def draft_start(self, state: SpecState) -> bool:
-        with fast_linears(self.head):
+        with self.fast_head():
             self._h_chain = self.catch_up(state, self.head)  # [H]: state after the last chain token
         self._committed = cache_length(self.cache)  # committed positions + the root
         self._chain_len = self._committed  # cache positions of committed + fed chain tokens
@@ -44,7 +43,7 @@ class EagleStepper(StepwiseDrafter):
         crop_cache(self.cache, self._chain_len)  # provisional branch positions of the last step
         tokens = [int(t) for t in tokens][1:] if self._fresh else [int(t) for t in tokens]
         self._fresh = False
-        with fast_linears(self.head):
+        with self.fast_head():
             for token in tokens:
                 self._h_chain = self._feed_one(self._h_chain, token)
             rows = [self._h_chain] + self._feed_branches(branches)
@@ -105,7 +104,7 @@ class EagleStepper(StepwiseDrafter):
     def _full_logits(self, h: torch.Tensor) -> torch.Tensor:
         """Head states `(n, H)` -> logits over the target vocabulary `(n, vocab_size)`: the drafted rows
         (`lm_weight`, mapped by `d2t`) carry the head's logits, every other token -inf."""
-        draft = skinny_linear(self.head.parts.norm(h), self.lm_weight).float()  # [n, V_draft]
+        draft = self.draft_logits(self.head.parts.norm(h)).float()  # [n, V_draft]
         full = torch.full((h.shape[0], self.model.get_output_embeddings().weight.shape[0]), float("-inf"))
         full[:, self.head.d2t[: draft.shape[1]]] = draft
         return full

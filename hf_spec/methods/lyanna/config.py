@@ -27,6 +27,8 @@ class LyannaConfig(MethodConfig):
         hot_tokens: source tokens that get token info (the most frequent; 0 = the whole draft vocabulary).
         vocab_limit: draft from the first N rows of the head's draft vocabulary only (the N most frequent
             tokens; 0 = all): a smaller LM-head read and token-info rows, fewer tokens draftable.
+        quantize: draft with packed `int8` or `int4` copies of the head's weights (CPU; `""`: as loaded): the
+            head's cost here is reading its weights, and verification keeps the output exact either way.
     """
 
     method: ClassVar[str] = "lyanna"
@@ -47,10 +49,13 @@ class LyannaConfig(MethodConfig):
     vocab_limit: int = field(
         default=0, metadata={"help": "draft from the N most frequent draft tokens (0: all)"}
     )
+    quantize: str = field(default="", metadata={"help": "draft weights: '', int8 or int4"})
 
     def __post_init__(self) -> None:
         if self.vocab_limit < 0:
             raise ValueError("lyanna: vocab_limit must be >= 0")
+        if self.quantize not in ("", "int8", "int4"):
+            raise ValueError(f"lyanna: quantize must be '', 'int8' or 'int4', got {self.quantize!r}")
         if self.resample not in RESAMPLE_MODES:
             raise ValueError(f"lyanna: resample must be one of {RESAMPLE_MODES}, got {self.resample!r}")
         if self.token_info not in TOKEN_INFO_MODES:

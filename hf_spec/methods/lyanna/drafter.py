@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 
 from hf_spec.heads.lyanna.modeling import LyannaHeadModel
-from hf_spec.kernels.skinny_linear import fast_linears, skinny_linear
 from hf_spec.methods.base import RoundResult, SpecState
 from hf_spec.methods.head_drafter import HeadDrafter, load_draft_head
 from hf_spec.methods.lyanna.config import LyannaConfig
@@ -91,14 +90,14 @@ class LyannaDrafter(HeadDrafter):
         if self.resampled is not None and cfg.resample == "separate":  # verify the re-sampled subtree alone
             tree, self.resampled, self.chain_logits = self.resampled, None, None
             return to_draft_tree(tree).truncate_depth(max_depth)
-        with fast_linears(self.head):
+        with self.fast_head():
             h_root = self.catch_up(state, self.head.first_step)
             depth = min(cfg.depth, max_depth)
             if depth <= 0:
                 return DraftTree.empty()
             chain = self._chain(h_root, state.seq_len - 1, depth)  # [depth, H]
             # ONE LM-head call for the whole chain: [depth, V_draft]
-            self.chain_logits = skinny_linear(self.head.parts.norm(chain), self.lm_weight)
+            self.chain_logits = self.draft_logits(self.head.parts.norm(chain))
         tree = prune(token_info_tree(self.chain_logits, self.token_info, self.head.d2t, cfg.topk), cfg.budget)
         if self.resampled is not None:  # verification fusion
             tree = fuse(tree, self.resampled)

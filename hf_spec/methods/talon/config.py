@@ -20,7 +20,13 @@ class TalonConfig(MethodConfig):
             method spec (sync only); `""` turns the model half off (retrieval-only).
         mode: `sync` (draft, then verify) or `async` (the model drafts the next block while the target verifies,
             assuming its chain is accepted; the block is kept when the target agrees and dropped otherwise).
-        adaptive: skip the model drafter in rounds where retrieval found a strong match (`retrieval.strong_match`).
+        adaptive: skip the model drafter in rounds where it does not pay, by the rule `switch` names.
+        switch: `match`: skip it when retrieval found a strong match (`retrieval.strong_match`); `cost`: skip it
+            when the tokens it added in earlier rounds with the same match length do not pay for its measured
+            draft time (`switch.py`).
+        explore_every: `cost` switch: a match length that skips the model still runs it every this many rounds.
+        switch_cost: `cost` switch: the model's draft time over the rest of a round, fixed (> 0) instead of
+            measured (0).
         draft_ahead: tokens drafted ahead in async mode (0: the model drafter's chain length).
         draft_threads: torch threads of the drafting thread in async mode.
         verify_threads: torch threads of the verification while the drafting thread runs (0: all cores minus
@@ -42,6 +48,9 @@ class TalonConfig(MethodConfig):
     adaptive: bool = field(
         default=True, metadata={"help": "skip the model drafter on strong retrieval matches"}
     )
+    switch: str = field(default="match", metadata={"help": "adaptive rule: match or cost"})
+    explore_every: int = field(default=8, metadata={"help": "cost switch: retry a skipped bucket this often"})
+    switch_cost: float = field(default=0.0, metadata={"help": "cost switch: fixed c/T (0: measured)"})
     draft_ahead: int = field(default=0, metadata={"help": "tokens drafted ahead in async mode"})
     draft_threads: int = field(default=1, metadata={"help": "torch threads of the drafting thread"})
     verify_threads: int = field(default=0, metadata={"help": "torch threads while overlapped (0: the rest)"})
@@ -55,6 +64,10 @@ class TalonConfig(MethodConfig):
     def __post_init__(self) -> None:
         if self.mode not in ("sync", "async"):
             raise ValueError(f"talon: mode must be 'sync' or 'async', got {self.mode!r}")
+        if self.switch not in ("match", "cost"):
+            raise ValueError(f"talon: switch must be 'match' or 'cost', got {self.switch!r}")
+        if self.explore_every < 0 or self.switch_cost < 0:
+            raise ValueError("talon: explore_every and switch_cost must be >= 0")
         if self.retrieval is None and not self.drafter:
             raise ValueError("talon: both halves are off (retrieval is null and drafter is empty)")
         if self.pre_verify and (self.mode != "async" or self.retrieval is None or not self.drafter):

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import time
+
 import torch
 
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
@@ -10,6 +12,7 @@ from hf_spec.methods.talon.chain import ExitChain
 from hf_spec.methods.talon.config import TalonConfig
 from hf_spec.methods.talon.overlap import DraftWorker
 from hf_spec.methods.talon.preverify import PreVerified, finish_verification, pre_verify
+from hf_spec.methods.talon.switch import CostAwareSwitch
 from hf_spec.models.layers import decoder_parts
 from hf_spec.registry import get_method, parse_method
 from hf_spec.tree.buffers import DraftTree
@@ -56,7 +59,13 @@ class TalonDrafter(Drafter):
                 self.sub = get_method(sub_config.method).drafter_cls(sub_config, model, tokenizer)
                 self.requires_hidden_states = self.sub.requires_hidden_states
         self.worker: DraftWorker | None = None
-        self._round: tuple[DraftTree, list[int]] | None = None  # sub-drafter's tree and its fused indices
+        # the round's model tree, its and the retrieval tree's fused indices, the match length, model used
+        self._round: tuple[DraftTree, list[int], list[int], int, bool] | None = None
+        self.switch = (
+            CostAwareSwitch(explore_every=config.explore_every, cost_ratio=config.switch_cost)
+            if config.switch == "cost"
+            else None
+        )
         self.rounds = {"model": 0, "ahead_kept": 0, "ahead_dropped": 0, "chain_full": 0, "pre_verified": 0}
         self._pre: tuple[PreVerified, DraftTree, list[int]] | None = None  # (pre-verified, fused tree, map)
         self._chain_rate = 1.0  # running rate of fully accepted model chains (async switch)
@@ -72,6 +81,8 @@ class TalonDrafter(Drafter):
             self.worker = DraftWorker(self.config.draft_threads, self.config.verify_threads)
         self._chain_rate = 1.0
         self._pre = None
+        if self.switch is not None:
+            self.switch.reset()
 
     def end(self, state: SpecState) -> None:
         try:
@@ -90,13 +101,18 @@ class TalonDrafter(Drafter):
     def propose(self, state: SpecState, max_depth: int) -> DraftTree:
         if self.worker is not None and self.worker.busy:
             self.worker.result()  # the block drafted while the target verified (re-raises its error)
+        if self.switch is not None:
+            self.switch.start_round()
         ret_tree, match = DraftTree.empty(), 0
         if self.retriever is not None:
             depth = min(self.retriever.config.num_draft_tokens, max_depth)
             ret_tree, match = self.retriever.propose(state.input_ids[0].cpu().numpy(), depth)
         use_model = self.chain is not None or self.sub is not None
         if use_model and self.config.adaptive and self.retriever is not None:
-            use_model = match < self.retriever.config.strong_match
+            if self.switch is not None:
+                use_model = self.switch.use_model(match)
+            else:
+                use_model = match < self.retriever.config.strong_match
         ahead = self.worker is not None and self._chain_rate >= self.config.async_min_acceptance
         pre = None
         if use_model and not ahead and self._can_pre_verify(state, ret_tree):
@@ -110,7 +126,7 @@ class TalonDrafter(Drafter):
         else:
             model_tree = self._model_tree(state, max_depth) if use_model else DraftTree.empty()
         fused, model_map, ret_map = fuse_trees(model_tree, ret_tree)
-        self._round = (model_tree, model_map)
+        self._round = (model_tree, model_map, ret_map, match, use_model)
         self._pre = (pre, fused, ret_map) if pre is not None else None
         self.rounds["pre_verified"] += pre is not None
         if use_model:
@@ -148,6 +164,15 @@ class TalonDrafter(Drafter):
         return finish_verification(state.model, state.cache, pre, fused, ret_map, output_hidden_states)
 
     def _model_tree(self, state: SpecState, max_depth: int) -> DraftTree:
+        if self.switch is None:
+            return self._draft_model_tree(state, max_depth)
+        start = time.perf_counter()
+        try:
+            return self._draft_model_tree(state, max_depth)
+        finally:
+            self.switch.model_drafted(time.perf_counter() - start)
+
+    def _draft_model_tree(self, state: SpecState, max_depth: int) -> DraftTree:
         if self.sub is not None:
             return self.sub.propose(state, max_depth)
         committed = state.input_ids[0].tolist()
@@ -160,8 +185,12 @@ class TalonDrafter(Drafter):
         return DraftTree.chain(self._last_chain)
 
     def observe(self, state: SpecState, result: RoundResult) -> None:
-        model_tree, model_map = self._round or (DraftTree.empty(), [])
+        no_round = (DraftTree.empty(), [], [], 0, False)
+        model_tree, model_map, ret_map, match, used_model = self._round or no_round
         accepted = fused_path(model_map, result.accepted)
+        if self.switch is not None and self.retriever is not None:
+            retrieval_accepted = len(fused_path(ret_map, result.accepted))
+            self.switch.record(match, used_model, retrieval_accepted, len(result.accepted))
         if self._last_chain and self.chain is not None and len(model_tree):
             full = len(accepted) == len(model_tree)
             self.rounds["chain_full"] += int(full)

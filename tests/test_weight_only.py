@@ -1,0 +1,62 @@
+"""Weight-only int8 / int4 draft weights: the packed kernels compute with the dequantized weight, many-row inputs
+use the original, and the module is left as it was."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from hf_spec.kernels.weight_only import QuantizedWeight, quantize_linears, quantized_linears
+
+
+@pytest.mark.parametrize("scheme,tolerance", [("int8", 0.01), ("int4", 0.15)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_matmul_is_the_dequantized_weight(scheme, tolerance, dtype):
+    torch.manual_seed(0)
+    weight = torch.randn(48, 128, dtype=dtype)
+    q = QuantizedWeight.from_weight(weight, scheme)
+    deq = q.dequantize()
+    assert (deq - weight.float()).norm() / weight.float().norm() < tolerance  # a faithful approximation
+    x = torch.randn(2, 3, 128, dtype=dtype)
+    bias = torch.randn(48, dtype=dtype)
+    y = q.linear(x, bias)
+    assert y.shape == (2, 3, 48) and y.dtype == dtype
+    ref = x.float() @ deq.t() + bias.float()
+    assert torch.allclose(y.float(), ref, rtol=0.02, atol=0.05 if dtype == torch.bfloat16 else 1e-3)
+    many = torch.randn(q.max_rows + 1, 128, dtype=dtype)  # past max_rows: the original weight, exactly
+    assert torch.equal(q.linear(many), nn.functional.linear(many, weight))
+
+
+def test_int4_reference_dequantization():
+    """Per group of 64 inputs: 16 levels from the group's min to its max (plain loop reference)."""
+    torch.manual_seed(1)
+    weight = torch.randn(16, 128)
+    deq = QuantizedWeight.from_weight(weight, "int4").dequantize()
+    for row in range(16):
+        for g in range(2):
+            w = weight[row, 64 * g : 64 * (g + 1)]
+            step = (w.max() - w.min()) / 15
+            want = w.min() + ((w - w.min()) / step).round() * step
+            assert torch.allclose(deq[row, 64 * g : 64 * (g + 1)], want, atol=1e-4)
+
+
+def test_quantized_linears_patch_only_inside_the_block():
+    torch.manual_seed(2)
+    mlp = nn.Sequential(nn.Linear(64, 32), nn.SiLU(), nn.Linear(32, 32), nn.Linear(32, 5))
+    packed = quantize_linears(mlp, "int4")
+    assert set(packed) == {mlp[0], mlp[2]}  # int4 leaves out (5, 32): 5 outputs are no multiple of 16
+    x = torch.randn(3, 64)
+    plain = mlp(x)
+    with quantized_linears(packed):
+        y = mlp(x)
+    assert not torch.equal(y, plain) and torch.allclose(y, plain, atol=0.3)
+    assert torch.equal(mlp(x), plain)  # restored
+    assert all("forward" not in m.__dict__ for m in mlp)
+
+
+def test_bad_input_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown weight quantization 'int3'"):
+        QuantizedWeight.from_weight(torch.randn(8, 64), "int3")
+    with pytest.raises(ValueError, match="int4 needs"):
+        QuantizedWeight.from_weight(torch.randn(8, 24), "int4")
