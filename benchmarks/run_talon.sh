@@ -13,6 +13,6 @@ hf-spec datastore build --target $T \
   --responses ../shared/data/train/responses/$T.jsonl --out runs/ds-qwen
 OMP_NUM_THREADS=1 python benchmarks/datastore_scale.py --datastore runs/ds-qwen | tee "$OUT/datastore_scale.txt"
 hf-spec bench --target $T \
-  --methods "ar,hf-pld,retrieval:$C/retrieval-$T.json,talon:$C/talon-$T-model-only.json,talon:$C/talon-$T.json,talon:$C/talon-$T-async.json,talon:$C/talon-$T-preverify.json" \
+  --methods "ar,hf-pld,retrieval:$C/retrieval-$T.json,talon:$C/talon-$T-model-only-early-exit.json,talon:$C/talon-$T-early-exit.json,talon:$C/talon-$T-async.json,talon:$C/talon-$T-preverify.json" \
   --prompts ../shared/data/eval/spec_bench_dev.jsonl --per-category 1 --max-new-tokens 96 --check-lossless \
   --out "$OUT"

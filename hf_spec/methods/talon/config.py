@@ -22,9 +22,9 @@ class TalonConfig(MethodConfig):
             assuming its chain is accepted; the block is kept when the target agrees and dropped otherwise).
         adaptive: skip the model drafter in rounds where it does not pay, by the rule `switch` names.
         switch: `match`: skip it when retrieval found a strong match (`retrieval.strong_match`); `cost`: skip it
-            when the tokens it added in earlier rounds with the same match length do not pay for its measured
-            draft time (`switch.py`).
-        explore_every: `cost` switch: a match length that skips the model still runs it every this many rounds.
+            when the tokens it adds do not pay for its measured draft time, given what retrieval alone got
+            accepted at this match length (`switch.py`).
+        explore_every: `cost` switch: after this many skipped rounds in a row the model runs once.
         switch_cost: `cost` switch: the model's draft time over the rest of a round, fixed (> 0) instead of
             measured (0).
         draft_ahead: tokens drafted ahead in async mode (0: the model drafter's chain length).
@@ -49,7 +49,7 @@ class TalonConfig(MethodConfig):
         default=True, metadata={"help": "skip the model drafter on strong retrieval matches"}
     )
     switch: str = field(default="match", metadata={"help": "adaptive rule: match or cost"})
-    explore_every: int = field(default=8, metadata={"help": "cost switch: retry a skipped bucket this often"})
+    explore_every: int = field(default=4, metadata={"help": "cost switch: run the model after N skips"})
     switch_cost: float = field(default=0.0, metadata={"help": "cost switch: fixed c/T (0: measured)"})
     draft_ahead: int = field(default=0, metadata={"help": "tokens drafted ahead in async mode"})
     draft_threads: int = field(default=1, metadata={"help": "torch threads of the drafting thread"})

@@ -82,7 +82,7 @@ class TalonDrafter(Drafter):
         self._chain_rate = 1.0
         self._pre = None
         if self.switch is not None:
-            self.switch.reset()
+            self.switch.new_generation()
 
     def end(self, state: SpecState) -> None:
         try:

@@ -1,15 +1,17 @@
 """Talon's cost-aware switch: run the model drafter only in rounds where its branches are expected to pay.
 
-Per bucket of retrieval match length b, running means of
-    R[b] = tokens the retrieval tree alone gets accepted,
-    G[b] = extra tokens the model's branches add (measured in rounds that ran both).
+Running means of
+    R[b] = tokens the retrieval tree alone gets accepted, per bucket b of retrieval match length,
+    G    = extra tokens the model's branches add (rounds that ran both; measured on Spec-Bench prompts with
+           the HASS head it hardly depends on the match length, ~0.4 tokens for every b, so it is pooled).
 Without the model a round commits R + 1 tokens in time T; with it R + G + 1 in T + c (c: the model's draft
 time, T: the rest of the round, both measured). The model pays when (R + G + 1) / (T + c) > (R + 1) / T, i.e.
 
-    G > (R + 1) * c / T.
+    G > (R[b] + 1) * c / T,
 
-A bucket the model has not tried yet runs it (optimistic start); a bucket that skips it retries every
-`explore_every`-th round, so a stale estimate can recover.
+so it is skipped where retrieval alone already gets long runs accepted (copying from the prompt). R[b] is
+updated every round; G only when the model runs, so after `explore_every` skipped rounds in a row it runs once
+anyway. The means live as long as the drafter (they carry over from one `generate` call to the next).
 """
 
 from __future__ import annotations
@@ -34,22 +36,23 @@ class CostAwareSwitch:
 
     Args:
         max_bucket: match lengths at or above this share one bucket.
-        explore_every: a bucket that skips the model still runs it every this many rounds.
+        explore_every: after this many skipped rounds in a row the model runs once (0: never).
         cost_ratio: c / T when > 0 (fixed, deterministic); 0 measures both with `time.perf_counter`.
     """
 
-    def __init__(self, max_bucket: int = 8, explore_every: int = 8, cost_ratio: float = 0.0) -> None:
+    def __init__(self, max_bucket: int = 8, explore_every: int = 4, cost_ratio: float = 0.0) -> None:
         self.max_bucket = max_bucket
         self.explore_every = explore_every
         self.cost_ratio = cost_ratio
-        self.reset()
-
-    def reset(self) -> None:
-        self.retrieval_accepted = [_RunningMean() for _ in range(self.max_bucket + 1)]
-        self.model_gain = [_RunningMean() for _ in range(self.max_bucket + 1)]
-        self.skipped = [0] * (self.max_bucket + 1)  # rounds skipped in a row, per bucket
+        self.retrieval_accepted = [_RunningMean() for _ in range(max_bucket + 1)]
+        self.model_gain = _RunningMean()
         self.model_seconds = _RunningMean()
         self.rest_seconds = _RunningMean()  # a round's time without the model's drafting
+        self.skipped = 0  # rounds skipped in a row
+        self.new_generation()
+
+    def new_generation(self) -> None:
+        """Forget the round timing (the means stay)."""
         self._round_start: float | None = None
         self._round_model_seconds = 0.0
 
@@ -65,14 +68,13 @@ class CostAwareSwitch:
         return self.model_seconds.value / self.rest_seconds.value
 
     def use_model(self, match: int) -> bool:
-        b = self.bucket(match)
-        gain = self.model_gain[b]
-        if not gain.count or gain.value > (self.retrieval_accepted[b].value + 1.0) * self.ratio():
-            self.skipped[b] = 0
+        expected = self.retrieval_accepted[self.bucket(match)].value
+        if not self.model_gain.count or self.model_gain.value > (expected + 1.0) * self.ratio():
+            self.skipped = 0
             return True
-        self.skipped[b] += 1
-        if self.explore_every and self.skipped[b] >= self.explore_every:
-            self.skipped[b] = 0
+        self.skipped += 1
+        if self.explore_every and self.skipped >= self.explore_every:
+            self.skipped = 0
             return True
         return False
 
@@ -90,10 +92,9 @@ class CostAwareSwitch:
 
     def record(self, match: int, used_model: bool, retrieval_accepted: int, accepted: int) -> None:
         """After verification: tokens accepted in the retrieval tree alone and in the whole (fused) tree."""
-        b = self.bucket(match)
-        self.retrieval_accepted[b].add(retrieval_accepted)
+        self.retrieval_accepted[self.bucket(match)].add(retrieval_accepted)
         if used_model:
-            self.model_gain[b].add(accepted - retrieval_accepted)
+            self.model_gain.add(accepted - retrieval_accepted)
 
 
 __all__ = ["CostAwareSwitch"]
