@@ -40,3 +40,18 @@ def test_measured_cost_ratio_is_model_time_over_the_rest_of_the_round():
     assert abs(switch.ratio() - 0.25) < 0.01
     switch.new_generation()  # timing restarts, the means stay
     assert switch._round_start is None and switch.model_seconds.count == 1
+
+
+def test_model_cost_includes_verifying_its_nodes():
+    """Rounds of 1 ms + 0.5 ms per verified node: the fitted slope prices the model's 10 extra nodes at 5 ms."""
+    switch = CostAwareSwitch()
+    switch.start_round()
+    for i in range(40):
+        nodes = 6 + (i % 3) * 6  # 6, 12, 18 verified nodes
+        switch.model_drafted(0.002)
+        switch.record(1, used_model=True, retrieval_accepted=0, accepted=1, nodes=nodes, model_nodes=10)
+        switch._round_start -= 0.002 + 0.001 + 0.0005 * nodes  # this round took that long
+        switch.start_round()
+    assert abs(switch.node_seconds() - 0.0005) < 5e-5
+    # c = 2 ms drafting + 10 nodes * 0.5 ms; T = the mean rest of a round (1 ms + 0.5 ms * 12 nodes)
+    assert abs(switch.ratio() - 0.007 / 0.007) < 0.05

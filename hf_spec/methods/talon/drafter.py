@@ -190,7 +190,10 @@ class TalonDrafter(Drafter):
         accepted = fused_path(model_map, result.accepted)
         if self.switch is not None and self.retriever is not None:
             retrieval_accepted = len(fused_path(ret_map, result.accepted))
-            self.switch.record(match, used_model, retrieval_accepted, len(result.accepted))
+            nodes = len(result.tree)
+            self.switch.record(
+                match, used_model, retrieval_accepted, len(result.accepted), nodes, nodes - len(ret_map)
+            )
         if self._last_chain and self.chain is not None and len(model_tree):
             full = len(accepted) == len(model_tree)
             self.rounds["chain_full"] += int(full)

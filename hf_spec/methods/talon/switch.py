@@ -4,8 +4,10 @@ Running means of
     R[b] = tokens the retrieval tree alone gets accepted, per bucket b of retrieval match length,
     G    = extra tokens the model's branches add (rounds that ran both; measured on Spec-Bench prompts with
            the HASS head it hardly depends on the match length, ~0.4 tokens for every b, so it is pooled).
-Without the model a round commits R + 1 tokens in time T; with it R + G + 1 in T + c (c: the model's draft
-time, T: the rest of the round, both measured). The model pays when (R + G + 1) / (T + c) > (R + 1) / T, i.e.
+Without the model a round commits R + 1 tokens in time T; with it R + G + 1 in T + c, where c is the model's
+draft time plus the verification time of the nodes it adds (measured: the round time's slope in the number of
+verified nodes, a running least-squares fit, times the model's mean extra nodes; on long prompts a node costs
+more). The model pays when (R + G + 1) / (T + c) > (R + 1) / T, i.e.
 
     G > (R[b] + 1) * c / T,
 
@@ -48,6 +50,9 @@ class CostAwareSwitch:
         self.model_gain = _RunningMean()
         self.model_seconds = _RunningMean()
         self.rest_seconds = _RunningMean()  # a round's time without the model's drafting
+        self.model_nodes = _RunningMean()  # nodes the model adds to the verified tree
+        # running moments of (verified nodes n, rest of the round t) for the per-node slope
+        self._n, self._t, self._nn, self._nt = _RunningMean(), _RunningMean(), _RunningMean(), _RunningMean()
         self.skipped = 0  # rounds skipped in a row
         self.new_generation()
 
@@ -55,17 +60,26 @@ class CostAwareSwitch:
         """Forget the round timing (the means stay)."""
         self._round_start: float | None = None
         self._round_model_seconds = 0.0
+        self._round_nodes: int | None = None
 
     def bucket(self, match: int) -> int:
         return min(max(match, 0), self.max_bucket)
 
+    def node_seconds(self) -> float:
+        """Seconds one more verified node adds to a round (least-squares slope, >= 0)."""
+        var = self._nn.value - self._n.value**2
+        if self._n.count < 8 or var < 1.0:
+            return 0.0
+        return max(0.0, (self._nt.value - self._n.value * self._t.value) / var)
+
     def ratio(self) -> float:
-        """c / T: the model's draft time over the rest of a round."""
+        """c / T: the model's cost (drafting + verifying its nodes) over the rest of a round."""
         if self.cost_ratio > 0:
             return self.cost_ratio
         if not self.model_seconds.count or not self.rest_seconds.count or self.rest_seconds.value <= 0:
             return 0.0
-        return self.model_seconds.value / self.rest_seconds.value
+        cost = self.model_seconds.value + self.node_seconds() * self.model_nodes.value
+        return cost / self.rest_seconds.value
 
     def use_model(self, match: int) -> bool:
         expected = self.retrieval_accepted[self.bucket(match)].value
@@ -83,18 +97,34 @@ class CostAwareSwitch:
         """Call at the start of each round's drafting: closes the previous round's timing."""
         now = time.perf_counter()
         if self._round_start is not None:
-            self.rest_seconds.add(now - self._round_start - self._round_model_seconds)
-        self._round_start, self._round_model_seconds = now, 0.0
+            rest = now - self._round_start - self._round_model_seconds
+            self.rest_seconds.add(rest)
+            if self._round_nodes is not None:
+                n = float(self._round_nodes)
+                for mean, x in ((self._n, n), (self._t, rest), (self._nn, n * n), (self._nt, n * rest)):
+                    mean.add(x, min_rate=0.05)
+        self._round_start, self._round_model_seconds, self._round_nodes = now, 0.0, None
 
     def model_drafted(self, seconds: float) -> None:
         self._round_model_seconds = seconds
         self.model_seconds.add(seconds)
 
-    def record(self, match: int, used_model: bool, retrieval_accepted: int, accepted: int) -> None:
-        """After verification: tokens accepted in the retrieval tree alone and in the whole (fused) tree."""
+    def record(
+        self,
+        match: int,
+        used_model: bool,
+        retrieval_accepted: int,
+        accepted: int,
+        nodes: int | None = None,
+        model_nodes: int = 0,
+    ) -> None:
+        """After verification: tokens accepted in the retrieval tree alone and in the whole (fused) tree; the
+        verified tree's size `nodes` and how many of them only the model drafted."""
         self.retrieval_accepted[self.bucket(match)].add(retrieval_accepted)
+        self._round_nodes = nodes
         if used_model:
             self.model_gain.add(accepted - retrieval_accepted)
+            self.model_nodes.add(model_nodes)
 
 
 __all__ = ["CostAwareSwitch"]
