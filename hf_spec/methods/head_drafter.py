@@ -84,7 +84,7 @@ class HeadDrafter(Drafter):
         with quantized_linears(self.quantized), fast_linears(self.head):
             yield
 
-    def draft_logits(self, normed: torch.Tensor) -> torch.Tensor:
+    def lm_logits(self, normed: torch.Tensor) -> torch.Tensor:
         """Normed head states `(n, H)` -> draft-vocabulary logits `(n, V_draft)` (`vocab_limit` rows)."""
         if self.lm_quantized is not None:
             return self.lm_quantized.linear(normed)

@@ -45,7 +45,7 @@ class EagleDrafter(HeadDrafter, EagleStepper):
 
     def _logp(self, h: torch.Tensor) -> torch.Tensor:
         """Head states `(n, H)` -> log-probabilities over the draft vocabulary `(n, V_draft)`."""
-        return torch.log_softmax(self.draft_logits(self.head.parts.norm(h)).float(), dim=-1)
+        return torch.log_softmax(self.lm_logits(self.head.parts.norm(h)).float(), dim=-1)
 
     def _grow(self, h_root: torch.Tensor, root_pos: int, depth: int) -> DraftTree:
         cfg, d2t = self.config, self.head.d2t

@@ -104,7 +104,7 @@ class EagleStepper(StepwiseDrafter):
     def _full_logits(self, h: torch.Tensor) -> torch.Tensor:
         """Head states `(n, H)` -> logits over the target vocabulary `(n, vocab_size)`: the drafted rows
         (`lm_weight`, mapped by `d2t`) carry the head's logits, every other token -inf."""
-        draft = self.draft_logits(self.head.parts.norm(h)).float()  # [n, V_draft]
+        draft = self.lm_logits(self.head.parts.norm(h)).float()  # [n, V_draft]
         full = torch.full((h.shape[0], self.model.get_output_embeddings().weight.shape[0]), float("-inf"))
         full[:, self.head.d2t[: draft.shape[1]]] = draft
         return full

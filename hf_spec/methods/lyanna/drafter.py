@@ -97,7 +97,7 @@ class LyannaDrafter(HeadDrafter):
                 return DraftTree.empty()
             chain = self._chain(h_root, state.seq_len - 1, depth)  # [depth, H]
             # ONE LM-head call for the whole chain: [depth, V_draft]
-            self.chain_logits = self.draft_logits(self.head.parts.norm(chain))
+            self.chain_logits = self.lm_logits(self.head.parts.norm(chain))
         tree = prune(token_info_tree(self.chain_logits, self.token_info, self.head.d2t, cfg.topk), cfg.budget)
         if self.resampled is not None:  # verification fusion
             tree = fuse(tree, self.resampled)
