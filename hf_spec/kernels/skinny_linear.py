@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -53,9 +53,16 @@ def fast_linears(model: nn.Module, enabled: bool = True) -> Iterator[None]:
     if not enabled or next(model.parameters()).device.type != "cpu":
         yield
         return
-    patched = [m for m in model.modules() if type(m) is nn.Linear and "forward" not in m.__dict__]
+    with patched_forwards([m for m in model.modules() if type(m) is nn.Linear], _forward):
+        yield
+
+
+@contextlib.contextmanager
+def patched_forwards(modules: Iterable[nn.Module], forward: Callable) -> Iterator[None]:
+    """Inside the block `forward(module, x)` replaces the forward of each module not patched already."""
+    patched = [m for m in modules if "forward" not in m.__dict__]
     for m in patched:
-        m.forward = types.MethodType(_forward, m)
+        m.forward = types.MethodType(forward, m)
     try:
         yield
     finally:

@@ -16,13 +16,14 @@ original weight, where the packed kernels are slower than the stock matmul.
 from __future__ import annotations
 
 import contextlib
-import types
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from hf_spec.kernels.skinny_linear import patched_forwards
 
 SCHEMES = ("int8", "int4")
 
@@ -113,14 +114,8 @@ def quantize_linears(module: nn.Module, scheme: str, **kwargs) -> dict[nn.Linear
 @contextlib.contextmanager
 def quantized_linears(weights: Mapping[nn.Linear, QuantizedWeight]) -> Iterator[None]:
     """Inside the block, the given `nn.Linear` layers compute with their packed weights."""
-    patched = [m for m in weights if "forward" not in m.__dict__]
-    for m in patched:
-        m.forward = types.MethodType(lambda self, x: weights[self].linear(x, self.bias), m)
-    try:
+    with patched_forwards(weights, lambda self, x: weights[self].linear(x, self.bias)):
         yield
-    finally:
-        for m in patched:
-            m.__dict__.pop("forward", None)
 
 
 __all__ = ["SCHEMES", "QuantizedWeight", "int4_group_size", "quantize_linears", "quantized_linears"]

@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from hf_spec.config import MethodConfig
+from hf_spec.kernels.weight_only import SCHEMES
 
 
 @dataclass
@@ -39,7 +40,7 @@ class EagleConfig(MethodConfig):
             raise ValueError("eagle: depth, topk and total_tokens must be >= 1")
         if self.vocab_limit < 0:
             raise ValueError("eagle: vocab_limit must be >= 0")
-        if self.quantize not in ("", "int8", "int4"):
+        if self.quantize and self.quantize not in SCHEMES:
             raise ValueError(f"eagle: quantize must be '', 'int8' or 'int4', got {self.quantize!r}")
 
     @classmethod

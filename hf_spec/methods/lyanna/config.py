@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from hf_spec.config import MethodConfig
+from hf_spec.kernels.weight_only import SCHEMES
 
 RESAMPLE_MODES = ("off", "separate", "fused")
 TOKEN_INFO_MODES = ("lowrank", "table", "off")
@@ -54,7 +55,7 @@ class LyannaConfig(MethodConfig):
     def __post_init__(self) -> None:
         if self.vocab_limit < 0:
             raise ValueError("lyanna: vocab_limit must be >= 0")
-        if self.quantize not in ("", "int8", "int4"):
+        if self.quantize and self.quantize not in SCHEMES:
             raise ValueError(f"lyanna: quantize must be '', 'int8' or 'int4', got {self.quantize!r}")
         if self.resample not in RESAMPLE_MODES:
             raise ValueError(f"lyanna: resample must be one of {RESAMPLE_MODES}, got {self.resample!r}")

@@ -164,13 +164,11 @@ class TalonDrafter(Drafter):
         return finish_verification(state.model, state.cache, pre, fused, ret_map, output_hidden_states)
 
     def _model_tree(self, state: SpecState, max_depth: int) -> DraftTree:
-        if self.switch is None:
-            return self._draft_model_tree(state, max_depth)
         start = time.perf_counter()
-        try:
-            return self._draft_model_tree(state, max_depth)
-        finally:
+        tree = self._draft_model_tree(state, max_depth)
+        if self.switch is not None:
             self.switch.model_drafted(time.perf_counter() - start)
+        return tree
 
     def _draft_model_tree(self, state: SpecState, max_depth: int) -> DraftTree:
         if self.sub is not None:
