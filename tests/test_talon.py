@@ -12,6 +12,7 @@ from hf_spec import SpeculativeDecoder
 from hf_spec.datastore import DatastoreRecipe, TokenIndex
 from hf_spec.datastore.store import save_datastore
 from hf_spec.methods.retrieval.config import RetrievalConfig
+from hf_spec.methods.retrieval.retriever import Retriever
 from hf_spec.methods.talon.config import TalonConfig
 from hf_spec.methods.talon.drafter import TalonDrafter
 from hf_spec.methods.talon.overlap import THREAD_PREFIX
@@ -56,12 +57,15 @@ def test_greedy_equals_generate(tiny_model, store_dir, seed=1):
     configs = [
         RetrievalConfig(datastore_path=path),
         RetrievalConfig(datastore_path=path, search_context=False, max_nodes=24, strong_match=1),
+        RetrievalConfig(datastore_path=path, long_match=4, long_draft_tokens=16, long_nodes=20),
         talon(path),
         talon(path, adaptive=False),
         talon(path, mode="async", adaptive=False),
         talon(path, drafter="pld"),
         talon(path, switch="cost"),
         talon(path, switch="cost", switch_cost=0.5, explore_every=2),
+        talon(path, switch="best", explore_every=2),
+        talon(path, switch="best", drafter="pld"),
         TalonConfig(retrieval=None, drafter="early-exit:2"),
     ]
     for config in configs:
@@ -72,8 +76,10 @@ def test_greedy_equals_generate(tiny_model, store_dir, seed=1):
         switch = getattr(dec.drafter_for(tiny_model), "switch", None)
         if switch is not None:  # the cost switch saw every round and ran the model in some
             seen = sum(b.count for b in switch.retrieval_accepted)
-            assert seen == dec.last_stats.target_forwards - 1  # observe() skips the last round
-            assert 0 < switch.model_gain.count <= seen
+            rounds = dec.last_stats.target_forwards - 1  # observe() skips the last round
+            # `best` does not count a dropped retrieval tree that matched every committed token
+            assert seen == rounds if config.switch == "cost" else 0 < seen <= rounds
+            assert 0 < switch.model_gain.count <= rounds
     assert not leaked()
 
 
@@ -84,6 +90,39 @@ def test_retrieval_finds_the_datastore(tiny_llama, store_dir):
     dec = SpeculativeDecoder(RetrievalConfig(datastore_path=path, search_context=False))
     tiny_llama.generate(ids, max_new_tokens=40, do_sample=False, custom_generate=dec)
     assert dec.last_stats.tau > 4
+
+
+def test_long_matches_draft_deeper(tiny_llama, store_dir):
+    """A context suffix matched for `long_match` tokens or more earns `long_draft_tokens` levels and
+    `long_nodes` nodes; shorter matches keep `num_draft_tokens`, and the loop's depth limit still holds."""
+    path = tiny_datastore(tiny_llama, store_dir / "long", seeds=(31,), length=60)
+    doc = tiny_llama.generate(prompt_ids(8, seed=31), max_new_tokens=60, do_sample=False)[0].numpy()
+    plain = Retriever(
+        RetrievalConfig(datastore_path=path, search_context=False, num_draft_tokens=6), tiny_llama
+    )
+    deep = Retriever(
+        RetrievalConfig(
+            datastore_path=path,
+            search_context=False,
+            num_draft_tokens=6,
+            long_match=10,
+            long_draft_tokens=16,
+            long_nodes=20,
+        ),
+        tiny_llama,
+    )
+    context = doc[:30]  # a 30-token suffix of the document matches: a long match
+    tree, match = deep.propose(context, max_depth=100)
+    assert match >= 10 and int(tree.depth.max()) == 16 and len(tree) <= 20
+    node, path = int(tree.depth.argmax()), []
+    while node >= 0:
+        path.append(int(tree.tokens[node]))
+        node = int(tree.parents[node])
+    assert path[::-1] == doc[30:46].tolist()  # the document's own continuation
+    assert int(plain.propose(context, max_depth=100)[0].depth.max()) == 6
+    assert int(deep.propose(context, max_depth=4)[0].depth.max()) == 4
+    short, match = deep.propose(doc[20:25], max_depth=100)  # a 5-token context: at most a 5-token match
+    assert match < 10 and int(short.depth.max()) <= 6
 
 
 def test_async_output_equals_sync_output(tiny_llama, store_dir):
@@ -241,7 +280,9 @@ def test_bad_configs_are_clear_errors(tiny_llama):
         SpeculativeDecoder(RetrievalConfig(datastore_path="/nonexistent/ds")).drafter_for(tiny_llama)
     with pytest.raises(ValueError, match="min_match"):
         RetrievalConfig(min_match=5, max_match=2)
-    with pytest.raises(ValueError, match="switch must be 'match' or 'cost'"):
+    with pytest.raises(ValueError, match="long_draft_tokens must be >= num_draft_tokens"):
+        RetrievalConfig(long_match=8, long_draft_tokens=4)
+    with pytest.raises(ValueError, match="switch must be 'match', 'cost' or 'best'"):
         TalonConfig(switch="learned")
 
 

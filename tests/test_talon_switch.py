@@ -55,3 +55,86 @@ def test_model_cost_includes_verifying_its_nodes():
     assert abs(switch.node_seconds() - 0.0005) < 5e-5
     # c = 2 ms drafting + 10 nodes * 0.5 ms; T = the mean rest of a round (1 ms + 0.5 ms * 12 nodes)
     assert abs(switch.ratio() - 0.007 / 0.007) < 0.05
+
+
+def feed_rounds(
+    switch: CostAwareSwitch, a: float, s: float, weak: list[tuple[int, int]], rounds: int = 40
+) -> None:
+    """Rounds running both halves: a + s * nodes seconds plus 10 ms drafting with the model (12 nodes, 10 of them
+    new in the fused tree). Every 4th round retrieval matches 8 tokens and gets 6 accepted (the model 1); the
+    others match 2 and cycle through `weak`'s (retrieval, model) accepted pairs. Under greedy verification the
+    fused tree gets the longer of the two."""
+    switch.start_round()
+    weak_rounds = 0
+    for i in range(rounds):
+        long = i % 4 == 0
+        weak_rounds += not long
+        match, ret_nodes = (8, 16) if long else (2, 6 + (i % 3) * 5)
+        r, m = (6, 1) if long else weak[weak_rounds % len(weak)]
+        nodes = ret_nodes + 10
+        switch.model_drafted(0.010)
+        switch.record(
+            match,
+            used_model=True,
+            retrieval_accepted=r,
+            accepted=max(r, m),
+            nodes=nodes,
+            model_nodes=10,
+            model_accepted=m,
+            model_size=12,
+        )
+        switch._round_start -= 0.010 + a + s * nodes
+        switch.start_round()
+
+
+def test_best_switch_picks_the_most_tokens_per_second():
+    """Halves that complement each other on weak matches (retrieval 0 or 2 tokens, the model 1 or 0): with dear
+    nodes (float32-like, 9 ms each) retrieval alone pays most, with cheap ones (bfloat16-like, 0.5 ms) both do;
+    a model that gets more than retrieval wins weak matches when nodes are dear; strong matches go to
+    retrieval alone."""
+    dear = CostAwareSwitch(explore_every=0)
+    assert dear.choose(2, 16) == "both"  # nothing measured yet: run both
+    feed_rounds(dear, a=0.100, s=0.009, weak=[(0, 1), (2, 0)])
+    assert abs(dear.node_seconds() - 0.009) < 1e-3
+    assert dear.choose(2, 16) == "retrieval" and dear.choose(8, 16) == "retrieval"
+    cheap = CostAwareSwitch(explore_every=0)
+    feed_rounds(cheap, a=0.100, s=0.0005, weak=[(0, 1), (2, 0)])
+    assert cheap.choose(2, 16) == "both" and cheap.choose(8, 16) == "retrieval"
+    assert cheap.choose(2, 0) != "retrieval"  # no retrieval tree: never retrieval alone
+    strong_model = CostAwareSwitch(explore_every=0)
+    feed_rounds(strong_model, a=0.100, s=0.009, weak=[(0, 2), (1, 1)])
+    assert strong_model.choose(2, 16) == "model" and strong_model.choose(8, 16) == "retrieval"
+
+
+def test_best_switch_explores_after_rounds_without_the_model():
+    switch = CostAwareSwitch(explore_every=2)
+    feed_rounds(switch, a=0.100, s=0.009, weak=[(0, 1), (2, 0)])
+    assert [switch.choose(8, 16) for _ in range(6)] == [
+        "retrieval",
+        "retrieval",
+        "both",
+    ] * 2  # also after model-only rounds
+    # a model-only round still measures G: the fused tree would have had max(R, M) accepted
+    gain = switch.model_gain.value
+    switch.record(2, used_model=True, retrieval_accepted=3, accepted=1, used_retrieval=False)
+    assert switch.model_gain.value < gain
+
+
+def test_a_generations_first_model_draft_does_not_count_as_draft_cost():
+    """The model drafter's first draft of a generation also prefills its own state over the prompt."""
+    switch = CostAwareSwitch()
+    switch.model_drafted(0.01)
+    switch.new_generation()
+    switch.model_drafted(2.0)  # prompt prefill + draft
+    switch.model_drafted(0.01)
+    assert switch.model_seconds.count == 2 and abs(switch.model_seconds.value - 0.01) < 1e-9
+
+
+def test_censored_retrieval_counts_are_not_averaged():
+    """A dropped retrieval tree that matched every committed token would have had more accepted: not counted."""
+    switch = CostAwareSwitch()
+    switch.record(8, used_model=True, retrieval_accepted=6, accepted=6)
+    switch.record(
+        8, used_model=True, retrieval_accepted=2, accepted=1, used_retrieval=False, retrieval_censored=True
+    )
+    assert switch.retrieval_accepted[8].value == 6 and switch.model_gain.value == 0

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hf_spec.tree.buffers import DraftTree
-from hf_spec.tree.fusion import fuse_trees, fused_path
+from hf_spec.tree.fusion import fuse_trees, fused_path, matched_depth
 from hf_spec.tree.trie import build_trie, prune_trie, retrieval_tree
 
 
@@ -138,3 +138,15 @@ def test_zero_probability_sampled_token_is_an_error():
     bad = DraftTree(torch.tensor([1]), torch.tensor([-1]), torch.tensor([[0.0, 0.0, 1.0]]))
     with pytest.raises(ValueError, match="zero probability"):
         fuse_trees(DraftTree(torch.tensor([2]), torch.tensor([-1])), bad)
+
+
+def test_matched_depth_is_what_greedy_verification_accepts():
+    #    5 -> 6 -> 7
+    #      -> 8
+    #    9
+    tree = DraftTree(torch.tensor([5, 9, 6, 8, 7]), torch.tensor([-1, -1, 0, 0, 2]))
+    assert matched_depth(tree, [5, 6, 7, 1]) == 3
+    assert matched_depth(tree, [5, 8, 7]) == 2
+    assert matched_depth(tree, [9]) == 1
+    assert matched_depth(tree, [6, 7]) == 0  # paths start at the root
+    assert matched_depth(DraftTree.empty(), [5]) == 0

@@ -22,6 +22,10 @@ class RetrievalConfig(MethodConfig):
         strong_match: a match this long earns `max_nodes`; shorter ones get `weak_nodes`.
         weak_nodes: tree budget for short matches (verification of ~6 tokens costs about one plain step on a
             2-core CPU, 16 about 1.5).
+        long_match: a match this long (0: off) drafts `long_draft_tokens` deep with `long_nodes` nodes: a long
+            suffix match is text being copied (a summary quoting its source, code being edited), whose
+            continuation tends to hold for more than `num_draft_tokens`.
+        long_draft_tokens / long_nodes: depth and tree budget for long matches.
         search_context: also search the current prompt + generated text.
         context_weight: weight of context matches against datastore matches in the trie frequencies.
         grow_online: add every finished prompt + answer to the datastore (kept in memory, across `generate`
@@ -40,13 +44,23 @@ class RetrievalConfig(MethodConfig):
     max_nodes: int = field(default=16, metadata={"help": "tree budget for strong matches"})
     strong_match: int = field(default=3, metadata={"help": "match length that earns max_nodes"})
     weak_nodes: int = field(default=5, metadata={"help": "tree budget for short matches"})
+    long_match: int = field(
+        default=0, metadata={"help": "match length that earns long_draft_tokens (0: off)"}
+    )
+    long_draft_tokens: int = field(default=20, metadata={"help": "tree depth for long matches"})
+    long_nodes: int = field(default=24, metadata={"help": "tree budget for long matches"})
     search_context: bool = field(default=True, metadata={"help": "search the prompt + generated text too"})
     context_weight: float = field(default=2.0, metadata={"help": "weight of context matches"})
     grow_online: bool = field(default=False, metadata={"help": "add finished generations to the datastore"})
 
     def __post_init__(self) -> None:
-        if self.num_draft_tokens < 0 or self.max_nodes < 0 or self.weak_nodes < 0:
-            raise ValueError("retrieval: num_draft_tokens, max_nodes and weak_nodes must be >= 0")
+        if min(self.num_draft_tokens, self.max_nodes, self.weak_nodes, self.long_match) < 0:
+            raise ValueError("retrieval: num_draft_tokens, max_nodes, weak_nodes and long_match must be >= 0")
+        if self.long_match and (self.long_draft_tokens < self.num_draft_tokens or self.long_nodes < 1):
+            raise ValueError(
+                "retrieval: long_draft_tokens must be >= num_draft_tokens and long_nodes >= 1 "
+                f"(got {self.long_draft_tokens}, {self.long_nodes})"
+            )
         if not 1 <= self.min_match <= self.max_match:
             raise ValueError(
                 f"retrieval: need 1 <= min_match <= max_match, got {self.min_match}, {self.max_match}"

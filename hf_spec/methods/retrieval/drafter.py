@@ -16,8 +16,7 @@ class RetrievalDrafter(Drafter):
         self.retriever = Retriever(config, model, tokenizer)
 
     def propose(self, state: SpecState, max_depth: int) -> DraftTree:
-        depth = min(self.config.num_draft_tokens, max_depth)
-        tree, _ = self.retriever.propose(state.input_ids[0].cpu().numpy(), depth)
+        tree, _ = self.retriever.propose(state.input_ids[0].cpu().numpy(), max_depth)
         return tree
 
     def end(self, state: SpecState) -> None:

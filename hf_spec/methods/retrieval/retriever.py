@@ -52,22 +52,33 @@ class Retriever:
             )
         return [(m, w) for m, w in found if m.length > 0 and len(m.counts)]
 
-    def propose(self, context: np.ndarray, depth: int) -> tuple[DraftTree, int]:
-        """A retrieval tree of at most `depth` levels for `context` `(seq_len,)` and the longest match length."""
-        if depth <= 0:
+    def propose(self, context: np.ndarray, max_depth: int) -> tuple[DraftTree, int]:
+        """A retrieval tree of at most `max_depth` levels for `context` `(seq_len,)` and the longest match length.
+
+        The tree is `num_draft_tokens` deep with `max_nodes` (strong match) or `weak_nodes`; a match of
+        `long_match` tokens or more earns `long_draft_tokens` and `long_nodes`.
+        """
+        cfg = self.config
+        depth = min(cfg.num_draft_tokens, max_depth)
+        long_depth = min(cfg.long_draft_tokens, max_depth) if cfg.long_match else depth
+        if long_depth <= 0:
             return DraftTree.empty(), 0
-        found = self.matches(context, depth)
+        found = self.matches(context, long_depth)
         if not found:
             self.last_match = 0
             return DraftTree.empty(), 0
+        longest = max(m.length for m, _ in found)
+        if cfg.long_match and longest >= cfg.long_match:
+            budget = cfg.long_nodes
+        else:
+            budget = cfg.max_nodes if longest >= cfg.strong_match else cfg.weak_nodes
+            long_depth = depth
         sequences, weights = [], []
         for m, w in found:
             # each source's occurrences share one unit of weight, scaled by its match length
             share = w * m.length * m.counts / m.counts.sum()
-            sequences.extend(m.sequences.tolist())
+            sequences.extend(m.sequences[:, :long_depth].tolist())
             weights.extend(share.tolist())
-        longest = max(m.length for m, _ in found)
-        budget = self.config.max_nodes if longest >= self.config.strong_match else self.config.weak_nodes
         tree, _ = retrieval_tree(sequences, weights, budget)
         self.last_match = longest
         return tree, longest

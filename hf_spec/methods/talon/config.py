@@ -23,8 +23,10 @@ class TalonConfig(MethodConfig):
         adaptive: skip the model drafter in rounds where it does not pay, by the rule `switch` names.
         switch: `match`: skip it when retrieval found a strong match (`retrieval.strong_match`); `cost`: skip it
             when the tokens it adds do not pay for its measured draft time, given what retrieval alone got
-            accepted at this match length (`switch.py`).
-        explore_every: `cost` switch: after this many skipped rounds in a row the model runs once.
+            accepted at this match length (`switch.py`); `best`: per round, the draft with the most expected
+            tokens per second among retrieval alone, the model alone and both (`CostAwareSwitch.choose`; pays
+            where verifying nodes is dear, e.g. float32 targets).
+        explore_every: `cost`/`best` switch: after this many rounds in a row without the model, it runs once.
         switch_cost: `cost` switch: the model's draft time over the rest of a round, fixed (> 0) instead of
             measured (0).
         draft_ahead: tokens drafted ahead in async mode (0: the model drafter's chain length).
@@ -48,7 +50,7 @@ class TalonConfig(MethodConfig):
     adaptive: bool = field(
         default=True, metadata={"help": "skip the model drafter on strong retrieval matches"}
     )
-    switch: str = field(default="match", metadata={"help": "adaptive rule: match or cost"})
+    switch: str = field(default="match", metadata={"help": "adaptive rule: match, cost or best"})
     explore_every: int = field(default=4, metadata={"help": "cost switch: run the model after N skips"})
     switch_cost: float = field(default=0.0, metadata={"help": "cost switch: fixed c/T (0: measured)"})
     draft_ahead: int = field(default=0, metadata={"help": "tokens drafted ahead in async mode"})
@@ -64,8 +66,8 @@ class TalonConfig(MethodConfig):
     def __post_init__(self) -> None:
         if self.mode not in ("sync", "async"):
             raise ValueError(f"talon: mode must be 'sync' or 'async', got {self.mode!r}")
-        if self.switch not in ("match", "cost"):
-            raise ValueError(f"talon: switch must be 'match' or 'cost', got {self.switch!r}")
+        if self.switch not in ("match", "cost", "best"):
+            raise ValueError(f"talon: switch must be 'match', 'cost' or 'best', got {self.switch!r}")
         if self.explore_every < 0 or self.switch_cost < 0:
             raise ValueError("talon: explore_every and switch_cost must be >= 0")
         if self.retrieval is None and not self.drafter:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 import torch
 
@@ -16,8 +17,21 @@ from hf_spec.methods.talon.switch import CostAwareSwitch
 from hf_spec.models.layers import decoder_parts
 from hf_spec.registry import get_method, parse_method
 from hf_spec.tree.buffers import DraftTree
-from hf_spec.tree.fusion import fuse_trees, fused_path
+from hf_spec.tree.fusion import fuse_trees, fused_path, matched_depth
 from hf_spec.verify.cache import cache_length, crop_cache
+
+
+class _Round(NamedTuple):
+    """What a round drafted, for `observe`: the model tree and both trees' node indices in the fused tree, the
+    retrieval match length, whether the model ran, the retrieval tree, whether it was verified."""
+
+    model_tree: DraftTree
+    model_map: list[int]
+    ret_map: list[int]
+    match: int
+    used_model: bool
+    retrieved: DraftTree
+    used_retrieval: bool
 
 
 class TalonDrafter(Drafter):
@@ -59,14 +73,20 @@ class TalonDrafter(Drafter):
                 self.sub = get_method(sub_config.method).drafter_cls(sub_config, model, tokenizer)
                 self.requires_hidden_states = self.sub.requires_hidden_states
         self.worker: DraftWorker | None = None
-        # the round's model tree, its and the retrieval tree's fused indices, the match length, model used
-        self._round: tuple[DraftTree, list[int], list[int], int, bool] | None = None
+        self._round: _Round | None = None
         self.switch = (
             CostAwareSwitch(explore_every=config.explore_every, cost_ratio=config.switch_cost)
-            if config.switch == "cost"
+            if config.switch in ("cost", "best")
             else None
         )
-        self.rounds = {"model": 0, "ahead_kept": 0, "ahead_dropped": 0, "chain_full": 0, "pre_verified": 0}
+        self.rounds = {
+            "model": 0,
+            "model_only": 0,
+            "ahead_kept": 0,
+            "ahead_dropped": 0,
+            "chain_full": 0,
+            "pre_verified": 0,
+        }
         self._pre: tuple[PreVerified, DraftTree, list[int]] | None = None  # (pre-verified, fused tree, map)
         self._chain_rate = 1.0  # running rate of fully accepted model chains (async switch)
         self._last_chain: list[int] = []
@@ -105,11 +125,15 @@ class TalonDrafter(Drafter):
             self.switch.start_round()
         ret_tree, match = DraftTree.empty(), 0
         if self.retriever is not None:
-            depth = min(self.retriever.config.num_draft_tokens, max_depth)
-            ret_tree, match = self.retriever.propose(state.input_ids[0].cpu().numpy(), depth)
+            ret_tree, match = self.retriever.propose(state.input_ids[0].cpu().numpy(), max_depth)
         use_model = self.chain is not None or self.sub is not None
+        retrieved = ret_tree  # kept for the switch, also when this round drops it
         if use_model and self.config.adaptive and self.retriever is not None:
-            if self.switch is not None:
+            if self.config.switch == "best":
+                pick = self.switch.choose(match, len(ret_tree))
+                use_model = pick != "retrieval"
+                ret_tree = DraftTree.empty() if pick == "model" else ret_tree
+            elif self.switch is not None:
                 use_model = self.switch.use_model(match)
             else:
                 use_model = match < self.retriever.config.strong_match
@@ -126,11 +150,12 @@ class TalonDrafter(Drafter):
         else:
             model_tree = self._model_tree(state, max_depth) if use_model else DraftTree.empty()
         fused, model_map, ret_map = fuse_trees(model_tree, ret_tree)
-        self._round = (model_tree, model_map, ret_map, match, use_model)
+        self._round = _Round(model_tree, model_map, ret_map, match, use_model, retrieved, len(ret_tree) > 0)
         self._pre = (pre, fused, ret_map) if pre is not None else None
         self.rounds["pre_verified"] += pre is not None
         if use_model:
             self.rounds["model"] += 1
+            self.rounds["model_only"] += not len(ret_tree) and len(retrieved) > 0
             if ahead and len(model_tree):
                 block = self.config.draft_ahead or self.chain_len
                 n = len(model_tree) + 1 + block  # the chain, the guessed bonus, then the next block
@@ -183,14 +208,28 @@ class TalonDrafter(Drafter):
         return DraftTree.chain(self._last_chain)
 
     def observe(self, state: SpecState, result: RoundResult) -> None:
-        no_round = (DraftTree.empty(), [], [], 0, False)
-        model_tree, model_map, ret_map, match, used_model = self._round or no_round
+        no_round = _Round(DraftTree.empty(), [], [], 0, False, DraftTree.empty(), False)
+        model_tree, model_map, ret_map, match, used_model, retrieved, used_retrieval = self._round or no_round
         accepted = fused_path(model_map, result.accepted)
         if self.switch is not None and self.retriever is not None:
-            retrieval_accepted = len(fused_path(ret_map, result.accepted))
+            censored = False
+            if used_retrieval or not len(retrieved):
+                retrieval_accepted = len(fused_path(ret_map, result.accepted))
+            else:  # dropped this round: what it would have had accepted by the committed tokens
+                retrieval_accepted = matched_depth(retrieved, result.new_tokens)
+                censored = retrieval_accepted >= len(result.new_tokens)
             nodes = len(result.tree)
             self.switch.record(
-                match, used_model, retrieval_accepted, len(result.accepted), nodes, nodes - len(ret_map)
+                match,
+                used_model,
+                retrieval_accepted,
+                len(result.accepted),
+                nodes,
+                nodes - len(ret_map),
+                model_accepted=len(accepted),
+                model_size=len(model_tree),
+                used_retrieval=used_retrieval,
+                retrieval_censored=censored,
             )
         if self._last_chain and self.chain is not None and len(model_tree):
             full = len(accepted) == len(model_tree)

@@ -14,6 +14,19 @@ more). The model pays when (R + G + 1) / (T + c) > (R + 1) / T, i.e.
 so it is skipped where retrieval alone already gets long runs accepted (copying from the prompt). R[b] is
 updated every round; G only when the model runs, so after `explore_every` skipped rounds in a row it runs once
 anyway. The means live as long as the drafter (they carry over from one `generate` call to the next).
+
+`choose` (Talon's `switch: best`) also lets a round drop the retrieval tree. Where verification is dear (a
+float32 target: ~9 ms per node on a 2-core CPU) the fused tree of both halves can cost more than the tokens it
+adds over the better half alone. With a round's time fitted as a + s * nodes (+ the model's draft time d) it
+picks the largest expected tokens per second among
+
+    retrieval: (R[b] + 1) / (a + s n_r)     model: (M + 1) / (a + s n_m + d)     both: (R[b] + G + 1) / (a + s (n_r + x) + d)
+
+with n_r the round's retrieval tree, n_m the model tree's mean size, x the model's mean extra nodes in fused trees
+and M what the model tree alone gets accepted. In model-only rounds R is what the retrieval tree would have had
+accepted by the committed tokens (exact under greedy verification), and G = max(R, M) - R as the fused tree
+would have had (R is not updated when the retrieval tree matched all of them). After `explore_every` rounds
+that did not run both, both run once.
 """
 
 from __future__ import annotations
@@ -51,6 +64,8 @@ class CostAwareSwitch:
         self.model_seconds = _RunningMean()
         self.rest_seconds = _RunningMean()  # a round's time without the model's drafting
         self.model_nodes = _RunningMean()  # nodes the model adds to the verified tree
+        self.model_accepted = _RunningMean()  # M: tokens the model tree alone gets accepted
+        self.model_size = _RunningMean()  # nodes of the model tree
         # running moments of (verified nodes n, rest of the round t) for the per-node slope
         self._n, self._t, self._nn, self._nt = _RunningMean(), _RunningMean(), _RunningMean(), _RunningMean()
         self.skipped = 0  # rounds skipped in a row
@@ -61,6 +76,7 @@ class CostAwareSwitch:
         self._round_start: float | None = None
         self._round_model_seconds = 0.0
         self._round_nodes: int | None = None
+        self._first_draft = True  # the model's first draft of a generation also reads the whole prompt
 
     def bucket(self, match: int) -> int:
         return min(max(match, 0), self.max_bucket)
@@ -80,6 +96,32 @@ class CostAwareSwitch:
             return 0.0
         cost = self.model_seconds.value + self.node_seconds() * self.model_nodes.value
         return cost / self.rest_seconds.value
+
+    def intercept(self) -> float:
+        """a: a round's time (without drafting the model) at zero verified nodes."""
+        a = self._t.value - self.node_seconds() * self._n.value
+        return a if a > 0 else self.rest_seconds.value
+
+    def choose(self, match: int, retrieval_nodes: int) -> str:
+        """`"both"`, `"retrieval"` or `"model"`: the draft with the most expected tokens per second."""
+        if not self.model_gain.count or not self.model_seconds.count or not self.rest_seconds.count:
+            return "both"
+        if self.explore_every and self.skipped >= self.explore_every:
+            self.skipped = 0
+            return "both"
+        expected = self.retrieval_accepted[self.bucket(match)].value
+        a, s, d = self.intercept(), self.node_seconds(), self.model_seconds.value
+        rates = {
+            "retrieval": (expected + 1.0) / (a + s * retrieval_nodes),
+            "model": (self.model_accepted.value + 1.0) / (a + s * self.model_size.value + d),
+            "both": (expected + self.model_gain.value + 1.0)
+            / (a + s * (retrieval_nodes + self.model_nodes.value) + d),
+        }
+        if not retrieval_nodes:
+            rates.pop("retrieval")
+        pick = max(rates, key=rates.get)
+        self.skipped = self.skipped + 1 if pick != "both" else 0
+        return pick
 
     def use_model(self, match: int) -> bool:
         expected = self.retrieval_accepted[self.bucket(match)].value
@@ -107,6 +149,10 @@ class CostAwareSwitch:
 
     def model_drafted(self, seconds: float) -> None:
         self._round_model_seconds = seconds
+        if self._first_draft and self.model_seconds.count:  # a prompt's prefill is not a round's draft cost
+            self._first_draft = False
+            return
+        self._first_draft = False
         self.model_seconds.add(seconds)
 
     def record(
@@ -117,14 +163,27 @@ class CostAwareSwitch:
         accepted: int,
         nodes: int | None = None,
         model_nodes: int = 0,
+        model_accepted: int | None = None,
+        model_size: int = 0,
+        used_retrieval: bool = True,
+        retrieval_censored: bool = False,
     ) -> None:
         """After verification: tokens accepted in the retrieval tree alone and in the whole (fused) tree; the
-        verified tree's size `nodes` and how many of them only the model drafted."""
-        self.retrieval_accepted[self.bucket(match)].add(retrieval_accepted)
+        verified tree's size `nodes` and how many of them only the model drafted; what the model tree alone got
+        accepted and its size; whether the retrieval tree was verified (when not, `retrieval_accepted` is what it
+        would have had accepted, `retrieval_censored` when it matched every committed token, so would have had
+        more: then R is not updated)."""
+        if not retrieval_censored:
+            self.retrieval_accepted[self.bucket(match)].add(retrieval_accepted)
         self._round_nodes = nodes
         if used_model:
-            self.model_gain.add(accepted - retrieval_accepted)
-            self.model_nodes.add(model_nodes)
+            # under greedy verification the fused tree gets max(R, M) accepted, so a model-only round tells G too
+            self.model_gain.add(max(0, accepted - retrieval_accepted))
+            if used_retrieval:
+                self.model_nodes.add(model_nodes)
+            if model_accepted is not None:
+                self.model_accepted.add(model_accepted)
+                self.model_size.add(model_size)
 
 
 __all__ = ["CostAwareSwitch"]
