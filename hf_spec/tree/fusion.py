@@ -88,13 +88,11 @@ def fused_path(mapping: list[int], fused_accepted: list[int]) -> list[int]:
 def matched_depth(tree: DraftTree, tokens: list[int]) -> int:
     """How many of `tokens` a root-to-node path of `tree` spells from the start: what greedy verification would
     accept of `tree` when the target's choices are `tokens`."""
-    children: dict[tuple[int, int], int] = {}
-    for i, (tok, parent) in enumerate(zip(tree.tokens.tolist(), tree.parents.tolist(), strict=True)):
-        children.setdefault((parent, tok), i)
+    children, tree_tokens = tree.children, tree.tokens.tolist()
     node, depth = -1, 0
     for tok in tokens:
-        node = children.get((node, tok), -2)
-        if node == -2:
+        node = next((c for c in children[node + 1] if tree_tokens[c] == tok), None)
+        if node is None:
             break
         depth += 1
     return depth

@@ -69,15 +69,14 @@ class Retriever:
             return DraftTree.empty(), 0
         longest = max(m.length for m, _ in found)
         if cfg.long_match and longest >= cfg.long_match:
-            budget = cfg.long_nodes
+            budget, keep = cfg.long_nodes, long_depth
         else:
-            budget = cfg.max_nodes if longest >= cfg.strong_match else cfg.weak_nodes
-            long_depth = depth
+            budget, keep = (cfg.max_nodes if longest >= cfg.strong_match else cfg.weak_nodes), depth
         sequences, weights = [], []
         for m, w in found:
             # each source's occurrences share one unit of weight, scaled by its match length
             share = w * m.length * m.counts / m.counts.sum()
-            sequences.extend(m.sequences[:, :long_depth].tolist())
+            sequences.extend(m.sequences[:, :keep].tolist())
             weights.extend(share.tolist())
         tree, _ = retrieval_tree(sequences, weights, budget)
         self.last_match = longest
