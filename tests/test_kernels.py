@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import time
+import types
 
 import pytest
 import torch
@@ -10,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hf_spec.kernels import cpu_skinny_gemm as csg
+from hf_spec.kernels import skinny_linear as skinny_linear_module
 from hf_spec.kernels.skinny_linear import fast_linears, skinny_linear
 from tests.conftest import make_tiny_model, prompt_ids
 
@@ -43,10 +46,10 @@ def _case(m: int, k: int, n: int, bias: bool, seed: int = 0):
 @pytest.mark.parametrize("n", [1, 7, 128, 4864])
 @pytest.mark.parametrize("k", [64, 896, 1000])
 def test_kernel_matches_reference(kernel, k, n, bias):
-    for m in (2, 3, 5, 8, 9, 16, 17, 32):
+    for m in (1, 2, 3, 5, 8, 9, 16, 17, 32):
         x, w, b = _case(m, k, n, bias)
         y = csg.kernel_linear(x, w, b)
-        assert y is not None, "the kernel should take fp32 contiguous CPU inputs with 2..32 rows"
+        assert y is not None, "the kernel should take fp32 contiguous CPU inputs with 1..32 rows"
         assert y.shape == (m, n) and y.dtype == torch.float32
         _close(y, csg.reference_skinny_gemm(x, w, b))
         _close(csg.skinny_gemm(x, w, b), F.linear(x, w, b))
@@ -56,7 +59,7 @@ def test_kernel_matches_reference(kernel, k, n, bias):
 @pytest.mark.parametrize("k", [16, 20, 1003])  # K % 16 in {0, 4, 11}, K % 8 in {0, 4, 3}: every masked tail
 def test_every_code_path_matches_reference(kernel, isa, k):
     """Paths the CPU lacks are capped to the best it has, so this passes (less thoroughly) on older CPUs."""
-    for m in (2, 3, 6, 7, 13, 32):
+    for m in (1, 2, 3, 6, 7, 13, 32):
         for n in (1, 5, 9, 130):
             x, w, b = _case(m, k, n, bias=n % 2 == 1, seed=isa + 2)
             _close(csg.skinny_gemm(x, w, b, isa=isa), F.linear(x, w, b))
@@ -95,7 +98,6 @@ def _fallback_cases():
         "bias strided": (x, w, torch.randn(80)[::2]),
         "float64": (x.double(), w.double(), b.double()),
         "bfloat16": (x.bfloat16(), w.bfloat16(), b.bfloat16()),
-        "one row": (x[:1], w, b),
         "33 rows": (torch.randn(33, 96), w, b),
         "no rows": (torch.randn(0, 96), w, b),
         "3-d, 40 rows": (torch.randn(2, 20, 96), w, b),
@@ -154,7 +156,10 @@ def test_build_failure_warns_once_and_falls_back(monkeypatch, caplog):
         csg._reset_for_tests()  # the next load_kernel builds (or loads from cache) for real
 
 
-def test_skinny_linear_uses_kernel_between_2_and_32_rows(kernel, monkeypatch):
+@pytest.mark.parametrize("one_row", ["0", "1"])
+def test_skinny_linear_uses_kernel_between_2_and_32_rows(kernel, monkeypatch, one_row):
+    """One row goes to the kernel only where it pays (`HF_SPEC_ONE_ROW_KERNEL` forces the measured answer)."""
+    monkeypatch.setenv("HF_SPEC_ONE_ROW_KERNEL", one_row)
     calls = []
     real = csg.kernel_linear
     monkeypatch.setattr(csg, "kernel_linear", lambda *a: calls.append(a[0].shape) or real(*a))
@@ -162,7 +167,29 @@ def test_skinny_linear_uses_kernel_between_2_and_32_rows(kernel, monkeypatch):
     for rows in (1, 2, 9, 32, 33):
         x = torch.randn(1, rows, 96)
         _close(skinny_linear(x, w), F.linear(x, w))
-    assert calls == [(1, 2, 96), (1, 9, 96), (1, 32, 96)]
+    assert calls == [(1, 1, 96)] * (one_row == "1") + [(1, 2, 96), (1, 9, 96), (1, 32, 96)]
+
+
+def test_one_row_kernel_is_used_where_measured_faster(kernel, monkeypatch):
+    def slow(fn):
+        def run(*args):
+            time.sleep(0.002)
+            return fn(*args)
+
+        return run
+
+    monkeypatch.setattr(csg, "kernel_linear", slow(csg.kernel_linear))
+    assert not skinny_linear_module._measure_one_row(repeats=1)
+    monkeypatch.undo()
+    monkeypatch.setattr(skinny_linear_module, "F", types.SimpleNamespace(linear=slow(F.linear)))
+    assert skinny_linear_module._measure_one_row(repeats=1)
+    # measured once per thread count, then remembered
+    monkeypatch.delenv("HF_SPEC_ONE_ROW_KERNEL", raising=False)
+    monkeypatch.setattr(skinny_linear_module, "_one_row", {})
+    calls = []
+    monkeypatch.setattr(skinny_linear_module, "_measure_one_row", lambda: calls.append(1) or True)
+    assert skinny_linear_module.one_row_kernel_pays() and skinny_linear_module.one_row_kernel_pays()
+    assert calls == [1]
 
 
 def test_fast_linears_matches_and_restores_forwards():

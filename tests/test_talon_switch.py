@@ -138,3 +138,21 @@ def test_censored_retrieval_counts_are_not_averaged():
         8, used_model=True, retrieval_accepted=2, accepted=1, used_retrieval=False, retrieval_censored=True
     )
     assert switch.retrieval_accepted[8].value == 6 and switch.model_gain.value == 0
+
+
+def test_best_switch_measures_unknown_and_censored_buckets_with_both_halves():
+    """A match bucket with no R yet, or whose last dropped retrieval tree matched every committed token, runs
+    both halves once: a model that looked better must not keep R = 0 there for good."""
+    switch = CostAwareSwitch(explore_every=0)
+    feed_rounds(switch, a=0.100, s=0.009, weak=[(0, 2), (1, 1)])
+    assert switch.choose(2, 16) == "model"
+    assert switch.choose(5, 16) == "both"  # bucket 5 never measured
+    assert switch.choose(5, 0) == "model"  # no retrieval tree: nothing to measure
+    switch.record(5, used_model=True, retrieval_accepted=0, accepted=1, used_retrieval=True)
+    assert switch.choose(5, 16) == "model"
+    switch.record(
+        2, used_model=True, retrieval_accepted=1, accepted=1, used_retrieval=False, retrieval_censored=True
+    )
+    assert switch.choose(2, 16) == "both"
+    switch.record(2, used_model=True, retrieval_accepted=0, accepted=1, used_retrieval=True)
+    assert switch.choose(2, 16) == "model"

@@ -2,9 +2,10 @@
 
 MKL's sgemm runs `F.linear(x, W)` for 4..32 rows of x well below memory bandwidth. This kernel reads each row of
 W from memory once: a tile of 4 rows of W is multiplied with up to 6 rows of x at a time (24 AVX-512
-accumulators; x stays in L1/L2), vectorised over K, while the next tile of W is prefetched; the tiles are split
-over torch's intra-op threads with `at::parallel_for`. The ISA is picked at run time (AVX-512, AVX2+FMA, or plain
-C++), so one build serves any x86-64 CPU. fp32 only; the weight is used as it is (no copy, no transpose).
+accumulators; AVX2: 3 rows of x held in registers, 12 accumulators; x stays in L1/L2), vectorised over K, while
+the next tile of W is prefetched; the tiles are split over torch's intra-op threads with `at::parallel_for`.
+The ISA is picked at run time (AVX-512, AVX2+FMA, or plain C++), so one build serves any x86-64 CPU. fp32 only;
+the weight is used as it is (no copy, no transpose).
 
 Built with `torch.utils.cpp_extension.load_inline` (needs a C++ compiler and ninja; ~3 s the first time, then
 loaded from `~/.cache/hf-spec/torch_extensions` or `$HF_SPEC_KERNEL_CACHE`). Any failure to build or load logs
@@ -31,7 +32,7 @@ import torch.nn.functional as F
 
 logger = logging.getLogger(__name__)
 
-MIN_ROWS, MAX_ROWS = 2, 32  # rows of x the kernel accepts
+MIN_ROWS, MAX_ROWS = 1, 32  # rows of x the kernel accepts
 ISA_AUTO, ISA_SCALAR, ISA_AVX2, ISA_AVX512 = -1, 0, 1, 2
 
 CPP_SOURCE = r"""
@@ -46,7 +47,7 @@ namespace {
 
 constexpr int64_t NR = 4;       // rows of w per tile (all ISAs)
 constexpr int MR_AVX512 = 6;    // rows of x per tile: 4 x 6 accumulators + 4 w + 1 x = 29 of 32 zmm
-constexpr int MR_AVX2 = 2;      // 4 x 2 accumulators + 4 w + 1 x = 13 of 16 ymm
+constexpr int MR_AVX2 = 3;      // 4 x 3 accumulators + 3 x + 1 w = 16 ymm
 constexpr int MR_SCALAR = 4;
 
 // tile(w, x, K, N, y, bias, next, npf): y[j * N + i] = <w row i, x row j> (+ bias[i]) for the tile's rows i of w
@@ -86,7 +87,9 @@ alignas(32) static const int32_t kMask8[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0
 
 template <int NRT, int MR>
 HF_AVX2 void tile_avx2(const float* __restrict w, const float* __restrict x, int64_t K, int64_t N,
-                       float* __restrict y, const float* __restrict bias, const float*, int) {
+                       float* __restrict y, const float* __restrict bias, const float* next, int npf) {
+  // x's MR rows stay in registers while w's NRT rows stream through one register: 4 x 3 accumulators + 3 x +
+  // 1 w = 16 ymm; 12 independent FMA chains cover the FMA latency (4-5 cycles) times its throughput (2 a cycle)
   __m256 acc[NRT][MR];
 #pragma GCC unroll 4
   for (int i = 0; i < NRT; ++i)
@@ -94,26 +97,27 @@ HF_AVX2 void tile_avx2(const float* __restrict w, const float* __restrict x, int
     for (int j = 0; j < MR; ++j) acc[i][j] = _mm256_setzero_ps();
   int64_t k = 0;
   for (; k + 8 <= K; k += 8) {
-    __m256 wv[NRT];
-#pragma GCC unroll 4
-    for (int i = 0; i < NRT; ++i) wv[i] = _mm256_loadu_ps(w + i * K + k);
+    __m256 xv[MR];
 #pragma GCC unroll 8
-    for (int j = 0; j < MR; ++j) {
-      const __m256 xv = _mm256_loadu_ps(x + j * K + k);
+    for (int j = 0; j < MR; ++j) xv[j] = _mm256_loadu_ps(x + j * K + k);
+    for (int i = 0; i < npf; ++i) _mm_prefetch(reinterpret_cast<const char*>(next + i * K + k), _MM_HINT_T1);
 #pragma GCC unroll 4
-      for (int i = 0; i < NRT; ++i) acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
+    for (int i = 0; i < NRT; ++i) {
+      const __m256 wv = _mm256_loadu_ps(w + i * K + k);
+#pragma GCC unroll 8
+      for (int j = 0; j < MR; ++j) acc[i][j] = _mm256_fmadd_ps(wv, xv[j], acc[i][j]);
     }
   }
   if (k < K) {
     const __m256i mask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kMask8 + 8 - (K - k)));
-    __m256 wv[NRT];
-#pragma GCC unroll 4
-    for (int i = 0; i < NRT; ++i) wv[i] = _mm256_maskload_ps(w + i * K + k, mask);
+    __m256 xv[MR];
 #pragma GCC unroll 8
-    for (int j = 0; j < MR; ++j) {
-      const __m256 xv = _mm256_maskload_ps(x + j * K + k, mask);
+    for (int j = 0; j < MR; ++j) xv[j] = _mm256_maskload_ps(x + j * K + k, mask);
 #pragma GCC unroll 4
-      for (int i = 0; i < NRT; ++i) acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
+    for (int i = 0; i < NRT; ++i) {
+      const __m256 wv = _mm256_maskload_ps(w + i * K + k, mask);
+#pragma GCC unroll 8
+      for (int j = 0; j < MR; ++j) acc[i][j] = _mm256_fmadd_ps(wv, xv[j], acc[i][j]);
     }
   }
   if constexpr (NRT == 4) {
@@ -402,7 +406,7 @@ def kernel_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, isa: int = ISA_AUTO
 ) -> torch.Tensor | None:
     """`F.linear(x, weight, bias)` by the kernel, or None where the kernel does not apply: not fp32 / CPU /
-    contiguous, rows of x outside 2..32, autograd needed, kernel disabled or not buildable."""
+    contiguous, rows of x outside 1..32, autograd needed, kernel disabled or not buildable."""
     if x.dim() == 0 or x.dtype is not _F32 or weight.dtype is not _F32 or not x.is_cpu or not weight.is_cpu:
         return None
     if x.layout is not _STRIDED or weight.layout is not _STRIDED:
@@ -435,7 +439,7 @@ def kernel_linear(
 def skinny_gemm(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, isa: int = ISA_AUTO
 ) -> torch.Tensor:
-    """`F.linear(x, weight, bias)`: by the C++ kernel for fp32 CPU contiguous x with 2..32 rows (any leading shape),
+    """`F.linear(x, weight, bias)`: by the C++ kernel for fp32 CPU contiguous x with 1..32 rows (any leading shape),
     else by `F.linear`. `isa` forces a code path (ISA_SCALAR / ISA_AVX2 / ISA_AVX512, capped at what the CPU has)."""
     y = kernel_linear(x, weight, bias, isa)
     return F.linear(x, weight, bias) if y is None else y

@@ -1,9 +1,12 @@
-"""Faster CPU matmuls for the few-token inputs of verification.
+"""Faster CPU matmuls for the few-token inputs of verification (and the one-token steps of drafting).
 
 On x86 CPUs (MKL), `F.linear(x, W)` with 4..32 rows runs 2-3x below memory bandwidth. Inside `fast_linears`,
 fp32 CPU inputs with 2..32 rows go to a C++ kernel that reads each row of W once (`cpu_skinny_gemm`); without
 that kernel (no compiler, `HF_SPEC_NO_CPP_KERNELS=1`, other dtypes), 8..32 rows are computed as `(W @ x.T).T`,
-which MKL runs closer to bandwidth. One row, and more than 32, stay `F.linear`.
+which MKL runs closer to bandwidth. More than 32 rows stay `F.linear`; so does one row unless the kernel is
+measured faster on this machine (`one_row_kernel_pays`: MKL's GEMV is on an Intel Xeon, not on an AMD EPYC,
+where the kernel takes the 151,936-row LM head from 34 to 19 ms). hf-spec's loop never uses this for its own
+one-token steps (plain decoding stays `generate`'s), only drafters do.
 
 Measured (torch 2.13, MKL, 2 threads, weights streamed from DRAM): Qwen2.5-0.5B MLP weight (4864, 896), 9 rows:
 F.linear 1.56 ms, (W @ x.T).T 1.33 ms, kernel 0.67 ms (1 row: 0.59 ms); 151,936-row LM head, 9 rows: 62 / 38 /
@@ -14,6 +17,9 @@ kernel (1 token: 83 ms). Same values up to float rounding; nothing changes outsi
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
+import time
 import types
 from collections.abc import Callable, Iterable, Iterator
 
@@ -31,7 +37,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     """`F.linear(x, weight, bias)`, by the C++ kernel or as `(weight @ x.T).T` for the row counts where those win."""
     if x.dim() and x.shape[-1]:
         rows = x.numel() // x.shape[-1]
-        if KERNEL_MIN_ROWS <= rows <= KERNEL_MAX_ROWS:
+        if KERNEL_MIN_ROWS <= rows <= KERNEL_MAX_ROWS or (rows == 1 and one_row_kernel_pays()):
             y = cpu_skinny_gemm.kernel_linear(x, weight, bias)
             if y is not None:
                 return y
@@ -41,6 +47,43 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                 y = y + bias
             return y.reshape(*x.shape[:-1], weight.shape[0])
     return F.linear(x, weight, bias)
+
+
+_one_row: dict[int, bool] = {}  # torch thread count -> the kernel beat F.linear on one row
+_one_row_lock = threading.Lock()
+
+
+def one_row_kernel_pays() -> bool:
+    """Whether the kernel beats `F.linear` on one row of x here: measured once per torch thread count (~0.1 s, on
+    64 MiB of weights so they stream from DRAM as a model's do); `HF_SPEC_ONE_ROW_KERNEL=1` / `0` forces it."""
+    flag = os.environ.get("HF_SPEC_ONE_ROW_KERNEL", "").strip().lower()
+    if flag in ("0", "1", "true", "false", "yes", "no"):
+        return flag in ("1", "true", "yes")
+    threads = torch.get_num_threads()
+    if threads not in _one_row:
+        with _one_row_lock:
+            if threads not in _one_row:
+                _one_row[threads] = _measure_one_row()
+    return _one_row[threads]
+
+
+@torch.no_grad()
+def _measure_one_row(repeats: int = 3) -> bool:
+    weights = [torch.full((2048, 1024), 0.01) for _ in range(8)]
+    x = torch.full((1, 1024), 0.5)
+    if cpu_skinny_gemm.kernel_linear(x, weights[0]) is None:
+        return False
+
+    def seconds(fn: Callable) -> float:
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for w in weights:
+                fn(x, w)
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    return seconds(cpu_skinny_gemm.kernel_linear) < 0.8 * seconds(F.linear)
 
 
 def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from hf_spec.heads.exits.config import ExitHeadsConfig
+from hf_spec.kernels.skinny_linear import skinny_linear
 from hf_spec.models.fingerprint import check_fingerprint, target_fingerprint
 from hf_spec.models.layers import DecoderParts, decoder_parts
 
@@ -168,7 +169,7 @@ class ExitLM:
         hidden = self.parts.norm(hidden)
         if self.vocab is None:
             return self.parts.lm_head(hidden)
-        sub = torch.nn.functional.linear(hidden, self.vocab_weight)  # [1, q_len, V']
+        sub = skinny_linear(hidden, self.vocab_weight)  # [1, q_len, V']
         logits = sub.new_full((*sub.shape[:-1], self.parts.lm_head.weight.shape[0]), float("-inf"))
         logits[..., self.vocab] = sub
         return logits

@@ -99,7 +99,7 @@ class DraftModelDrafter(Drafter, StepwiseDrafter):
         return self.cached, state.input_ids[0, self.cached : -1].tolist()
 
     def _step_forward(self, ids, position_ids, mask) -> torch.Tensor:
-        with fast_linears(self.draft, enabled=ids.shape[1] > 1):
+        with fast_linears(self.draft):
             out = self.draft(
                 input_ids=ids,
                 position_ids=position_ids,

@@ -67,7 +67,7 @@ class EarlyExitDrafter(Drafter, StepwiseDrafter):
 
     def _step_forward(self, ids, position_ids, mask) -> torch.Tensor:
         parts, cache = self.parts, self._step_cache
-        with fast_linears(self.model, enabled=ids.shape[1] > 1):
+        with fast_linears(self.model):
             hidden = run_layers(parts, parts.embed_tokens(ids), position_ids, cache, 0, self.exit_layer, mask)
             return self.exits.logits(self.exit_layer, hidden)[0].float()
 

@@ -132,15 +132,16 @@ class HiSpecDrafter(Drafter):
         token, drafts, hidden = rnd.pending, [], []
         for step in range(self.config.num_draft_tokens):
             position_ids = torch.tensor([[rnd.held + step]], device=device)
-            h = run_layers(
-                parts,
-                parts.embed_tokens(torch.tensor([[token]], device=device)),
-                position_ids,
-                state.cache,
-                0,
-                self.draft_layer,
-            )
-            token = int(self.exits.logits(self.draft_layer, h)[0, -1].argmax())
+            with fast_linears(state.model):
+                h = run_layers(
+                    parts,
+                    parts.embed_tokens(torch.tensor([[token]], device=device)),
+                    position_ids,
+                    state.cache,
+                    0,
+                    self.draft_layer,
+                )
+                token = int(self.exits.logits(self.draft_layer, h)[0, -1].argmax())
             drafts.append(token)
             hidden.append(h)
         self.counts["drafted"] += len(drafts)
@@ -152,7 +153,7 @@ class HiSpecDrafter(Drafter):
         n = len(drafts)
         position_ids = torch.arange(rnd.held, rnd.held + n, device=hidden.device).unsqueeze(0)
         mask = causal_block_mask(rnd.held, n, hidden.dtype, hidden.device)
-        with fast_linears(state.model, enabled=n > 1):
+        with fast_linears(state.model):
             h = run_layers(
                 self.parts, hidden, position_ids, state.cache, self.draft_layer, self.verify_layer, mask
             )

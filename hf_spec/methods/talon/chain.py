@@ -13,6 +13,7 @@ import torch
 from transformers import DynamicCache
 
 from hf_spec.datastore.sources import ExitHead
+from hf_spec.kernels.skinny_linear import fast_linears
 from hf_spec.models.layers import decoder_parts, run_layers
 from hf_spec.tree.buffers import causal_mask
 from hf_spec.verify.cache import crop_cache
@@ -88,8 +89,11 @@ class ExitChain:
         q = ids.shape[1]
         positions = torch.arange(self.cached, self.cached + q, device=device).unsqueeze(0)
         mask = causal_mask(q, self.cached, self.model.dtype, device) if q > 1 else None
-        hidden = run_layers(parts, parts.embed_tokens(ids), positions, self.cache, 0, self.exit_layer, mask)
-        logits = self.head(hidden[:, -1:])[0, -1].float()
+        with fast_linears(self.model):
+            hidden = run_layers(
+                parts, parts.embed_tokens(ids), positions, self.cache, 0, self.exit_layer, mask
+            )
+            logits = self.head(hidden[:, -1:])[0, -1].float()
         token = int(logits.argmax())
         self.cached += q
         self.seq.append(token)

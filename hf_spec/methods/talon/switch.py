@@ -26,7 +26,9 @@ with n_r the round's retrieval tree, n_m the model tree's mean size, x the model
 and M what the model tree alone gets accepted. In model-only rounds R is what the retrieval tree would have had
 accepted by the committed tokens (exact under greedy verification), and G = max(R, M) - R as the fused tree
 would have had (R is not updated when the retrieval tree matched all of them). After `explore_every` rounds
-that did not run both, both run once.
+that did not run both, both run once; so does a round whose match bucket has no R yet, or whose last dropped
+retrieval tree there was censored (otherwise a bucket first met when the model looked better keeps R = 0 and
+its retrieval tree is dropped for good: long matches on a summarization prompt were, at tau 7.5 against 10.7).
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ class CostAwareSwitch:
         # running moments of (verified nodes n, rest of the round t) for the per-node slope
         self._n, self._t, self._nn, self._nt = _RunningMean(), _RunningMean(), _RunningMean(), _RunningMean()
         self.skipped = 0  # rounds skipped in a row
+        self.censored = [False] * (max_bucket + 1)  # the bucket's last dropped retrieval tree was censored
         self.new_generation()
 
     def new_generation(self) -> None:
@@ -106,10 +109,12 @@ class CostAwareSwitch:
         """`"both"`, `"retrieval"` or `"model"`: the draft with the most expected tokens per second."""
         if not self.model_gain.count or not self.model_seconds.count or not self.rest_seconds.count:
             return "both"
-        if self.explore_every and self.skipped >= self.explore_every:
+        b = self.bucket(match)
+        unknown = retrieval_nodes > 0 and (not self.retrieval_accepted[b].count or self.censored[b])
+        if unknown or (self.explore_every and self.skipped >= self.explore_every):
             self.skipped = 0
             return "both"
-        expected = self.retrieval_accepted[self.bucket(match)].value
+        expected = self.retrieval_accepted[b].value
         a, s, d = self.intercept(), self.node_seconds(), self.model_seconds.value
         rates = {
             "retrieval": (expected + 1.0) / (a + s * retrieval_nodes),
@@ -173,8 +178,10 @@ class CostAwareSwitch:
         accepted and its size; whether the retrieval tree was verified (when not, `retrieval_accepted` is what it
         would have had accepted, `retrieval_censored` when it matched every committed token, so would have had
         more: then R is not updated)."""
+        b = self.bucket(match)
+        self.censored[b] = retrieval_censored
         if not retrieval_censored:
-            self.retrieval_accepted[self.bucket(match)].add(retrieval_accepted)
+            self.retrieval_accepted[b].add(retrieval_accepted)
         self._round_nodes = nodes
         if used_model:
             # under greedy verification the fused tree gets max(R, M) accepted, so a model-only round tells G too
