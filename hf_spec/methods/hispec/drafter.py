@@ -130,9 +130,9 @@ class HiSpecDrafter(Drafter):
         """
         parts, device = self.parts, state.input_ids.device
         token, drafts, hidden = rnd.pending, [], []
-        for step in range(self.config.num_draft_tokens):
-            position_ids = torch.tensor([[rnd.held + step]], device=device)
-            with fast_linears(state.model):
+        with fast_linears(state.model):
+            for step in range(self.config.num_draft_tokens):
+                position_ids = torch.tensor([[rnd.held + step]], device=device)
                 h = run_layers(
                     parts,
                     parts.embed_tokens(torch.tensor([[token]], device=device)),
@@ -142,8 +142,8 @@ class HiSpecDrafter(Drafter):
                     self.draft_layer,
                 )
                 token = int(self.exits.logits(self.draft_layer, h)[0, -1].argmax())
-            drafts.append(token)
-            hidden.append(h)
+                drafts.append(token)
+                hidden.append(h)
         self.counts["drafted"] += len(drafts)
         return drafts, torch.cat(hidden, dim=1)
 

@@ -22,8 +22,8 @@ from hf_spec.verify.cache import cache_length, crop_cache
 
 
 class _Round(NamedTuple):
-    """What a round drafted, for `observe`: the model tree and both trees' node indices in the fused tree, the
-    retrieval match length, whether the model ran, the retrieval tree, whether it was verified."""
+    """What a round drafted, for `observe`: the model tree and both trees' node indices in the fused tree (none
+    for a dropped retrieval tree), the retrieval match length, whether the model ran, the retrieval tree."""
 
     model_tree: DraftTree
     model_map: list[int]
@@ -31,7 +31,6 @@ class _Round(NamedTuple):
     match: int
     used_model: bool
     retrieved: DraftTree
-    used_retrieval: bool
 
 
 class TalonDrafter(Drafter):
@@ -150,7 +149,7 @@ class TalonDrafter(Drafter):
         else:
             model_tree = self._model_tree(state, max_depth) if use_model else DraftTree.empty()
         fused, model_map, ret_map = fuse_trees(model_tree, ret_tree)
-        self._round = _Round(model_tree, model_map, ret_map, match, use_model, retrieved, len(ret_tree) > 0)
+        self._round = _Round(model_tree, model_map, ret_map, match, use_model, retrieved)
         self._pre = (pre, fused, ret_map) if pre is not None else None
         self.rounds["pre_verified"] += pre is not None
         if use_model:
@@ -208,8 +207,9 @@ class TalonDrafter(Drafter):
         return DraftTree.chain(self._last_chain)
 
     def observe(self, state: SpecState, result: RoundResult) -> None:
-        no_round = _Round(DraftTree.empty(), [], [], 0, False, DraftTree.empty(), False)
-        model_tree, model_map, ret_map, match, used_model, retrieved, used_retrieval = self._round or no_round
+        no_round = _Round(DraftTree.empty(), [], [], 0, False, DraftTree.empty())
+        model_tree, model_map, ret_map, match, used_model, retrieved = self._round or no_round
+        used_retrieval = len(ret_map) > 0
         accepted = fused_path(model_map, result.accepted)
         if self.switch is not None and self.retriever is not None:
             censored = False

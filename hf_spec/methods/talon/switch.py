@@ -154,11 +154,9 @@ class CostAwareSwitch:
 
     def model_drafted(self, seconds: float) -> None:
         self._round_model_seconds = seconds
-        if self._first_draft and self.model_seconds.count:  # a prompt's prefill is not a round's draft cost
-            self._first_draft = False
-            return
-        self._first_draft = False
-        self.model_seconds.add(seconds)
+        first, self._first_draft = self._first_draft, False
+        if not (first and self.model_seconds.count):  # a prompt's prefill is not a round's draft cost
+            self.model_seconds.add(seconds)
 
     def record(
         self,
