@@ -24,6 +24,7 @@ import torch
 from transformers import LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from hf_spec.kernels.screened_head import screened_lm_head, screening_applies
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
 from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
 from hf_spec.verify.acceptance import Acceptance, accept_greedy, accept_sampling
@@ -147,6 +148,10 @@ def speculative_generate(
     scores_out: list[torch.Tensor] = []
     logits_out: list[torch.Tensor] = []
     device = input_ids.device
+    # greedy rounds that read nothing but each row's argmax verify with the int8-screened LM head
+    screen = screening_applies(
+        model, do_sample, bool(logits_processor), out_scores or out_logits, stopping_criteria
+    )
 
     # prefill everything but the last prompt token: it is the first root
     t0 = time.perf_counter()
@@ -187,7 +192,8 @@ def speculative_generate(
                 position_ids = tree_position_ids(tree, past, device)
                 mask = tree_attention_mask(tree, past, model.dtype, device)
             # the stock full target forward, unless the drafter continues one it began (HiSpec)
-            out = drafter.verify_forward(state, tree, verify_ids, position_ids, mask, want_hidden)
+            with screened_lm_head(model, enabled=screen and len(tree) > 0):
+                out = drafter.verify_forward(state, tree, verify_ids, position_ids, mask, want_hidden)
             logits = out.logits[0].float()  # [num_nodes + 1, vocab_size]
             t2 = time.perf_counter()
 

@@ -255,6 +255,83 @@ void skinny_gemm(const float* x, const float* w, const float* bias, float* y, in
   });
 }
 
+// ------------------------------------------------------------------------------------------------ int8 weights
+// y[M, N] = (x[M, K] @ q[N, K]^T) * scale[N]: int8 weights converted to fp32 in registers (exactly: |q| <= 127),
+// fp32 products and sums; each row of q is read from memory once (a quarter of an fp32 weight's bytes).
+using TileI8Fn = void (*)(const int8_t*, const float*, const float*, int64_t, int64_t, float*, const int8_t*, int);
+
+template <int NRT, int MR>
+void tile_i8_scalar(const int8_t* __restrict q, const float* __restrict scale, const float* __restrict x, int64_t K,
+                    int64_t N, float* __restrict y, const int8_t*, int) {
+  float acc[NRT][MR] = {};
+  for (int64_t k = 0; k < K; ++k) {
+    for (int i = 0; i < NRT; ++i) {
+      const float wv = static_cast<float>(q[i * K + k]);
+      for (int j = 0; j < MR; ++j) acc[i][j] += wv * x[j * K + k];
+    }
+  }
+  for (int j = 0; j < MR; ++j)
+    for (int i = 0; i < NRT; ++i) y[j * N + i] = acc[i][j] * scale[i];
+}
+
+template <int NRT, int MR>
+HF_AVX2 void tile_i8_avx2(const int8_t* __restrict q, const float* __restrict scale, const float* __restrict x,
+                          int64_t K, int64_t N, float* __restrict y, const int8_t* next, int npf) {
+  __m256 acc[NRT][MR];
+#pragma GCC unroll 4
+  for (int i = 0; i < NRT; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < MR; ++j) acc[i][j] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    __m256 xv[MR];
+#pragma GCC unroll 8
+    for (int j = 0; j < MR; ++j) xv[j] = _mm256_loadu_ps(x + j * K + k);
+    if ((k & 63) == 0)
+      for (int i = 0; i < npf; ++i) _mm_prefetch(reinterpret_cast<const char*>(next + i * K + k), _MM_HINT_T1);
+#pragma GCC unroll 4
+    for (int i = 0; i < NRT; ++i) {
+      const __m256 wv = _mm256_cvtepi32_ps(
+          _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + i * K + k))));
+#pragma GCC unroll 8
+      for (int j = 0; j < MR; ++j) acc[i][j] = _mm256_fmadd_ps(wv, xv[j], acc[i][j]);
+    }
+  }
+  float tail[NRT][MR] = {};
+  for (; k < K; ++k)
+    for (int i = 0; i < NRT; ++i)
+      for (int j = 0; j < MR; ++j) tail[i][j] += static_cast<float>(q[i * K + k]) * x[j * K + k];
+  for (int j = 0; j < MR; ++j)
+    for (int i = 0; i < NRT; ++i) y[j * N + i] = (hsum_avx2(acc[i][j]) + tail[i][j]) * scale[i];
+}
+
+static const TileI8Fn kI8Scalar[4][6] = HF_TABLE(tile_i8_scalar);
+static const TileI8Fn kI8Avx2[4][6] = HF_TABLE(tile_i8_avx2);
+
+void skinny_gemm_i8(const float* x, const int8_t* q, const float* scale, float* y, int64_t M, int64_t N, int64_t K,
+                    int isa) {
+  const TileI8Fn(*table)[6] = isa >= kIsaAvx2 ? kI8Avx2 : kI8Scalar;  // AVX-512 CPUs take the AVX2 path
+  const int mr_max = isa >= kIsaAvx2 ? MR_AVX2 : MR_SCALAR;
+  const int64_t tiles = (N + NR - 1) / NR;
+  const int64_t per_tile = NR * K * std::max<int64_t>(M, 4);
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(per_tile, 1));
+  const int64_t chunks = (M + mr_max - 1) / mr_max;
+  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
+    const int64_t n1 = std::min(N, t1 * NR);
+    for (int64_t n = t0 * NR; n < n1; n += NR) {
+      const int64_t nr = std::min<int64_t>(NR, n1 - n);
+      const int npf = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(NR, n1 - (n + NR))));
+      int64_t m = 0;
+      for (int64_t c = 0; c < chunks; ++c) {  // the next tile is prefetched during the first chunk
+        const int64_t mr = (M - m) / (chunks - c);
+        table[nr - 1][mr - 1](q + n * K, scale + n, x + m * K, K, N, y + m * N + n, q + (n + NR) * K,
+                              c == 0 ? npf : 0);
+        m += mr;
+      }
+    }
+  });
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------------------------ Python module
@@ -284,10 +361,37 @@ static PyObject* py_gemm(PyObject*, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+static PyObject* py_gemm_i8(PyObject*, PyObject* args) {
+  unsigned long long x, q, scale, y;
+  long long M, N, K;
+  int isa;
+  if (!PyArg_ParseTuple(args, "KKKKLLLi", &x, &q, &scale, &y, &M, &N, &K, &isa)) return nullptr;
+  if (M < 1 || N < 1 || K < 1 || !x || !q || !scale || !y) {
+    PyErr_SetString(PyExc_ValueError, "skinny_gemm_i8: bad shape or null pointer");
+    return nullptr;
+  }
+  if (isa < 0 || isa > best_isa()) isa = best_isa();
+  bool failed = false;
+  Py_BEGIN_ALLOW_THREADS
+  try {
+    skinny_gemm_i8(reinterpret_cast<const float*>(x), reinterpret_cast<const int8_t*>(q),
+                   reinterpret_cast<const float*>(scale), reinterpret_cast<float*>(y), M, N, K, isa);
+  } catch (...) {
+    failed = true;
+  }
+  Py_END_ALLOW_THREADS
+  if (failed) {
+    PyErr_SetString(PyExc_RuntimeError, "skinny_gemm_i8 failed");
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
 static PyObject* py_best_isa(PyObject*, PyObject*) { return PyLong_FromLong(best_isa()); }
 
 static PyMethodDef kMethods[] = {
     {"gemm", py_gemm, METH_VARARGS, "gemm(x_ptr, w_ptr, bias_ptr_or_0, y_ptr, M, N, K, isa)"},
+    {"gemm_i8", py_gemm_i8, METH_VARARGS, "gemm_i8(x_ptr, q_ptr, scale_ptr, y_ptr, M, N, K, isa)"},
     {"best_isa", py_best_isa, METH_NOARGS, "0 scalar, 1 AVX2+FMA, 2 AVX-512"},
     {nullptr, nullptr, 0, nullptr}};
 
@@ -433,6 +537,37 @@ def kernel_linear(
     mod.gemm(
         x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), y.data_ptr(), rows, n, k, isa
     )
+    return y
+
+
+def kernel_linear_int8(
+    x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, isa: int = ISA_AUTO
+) -> torch.Tensor | None:
+    """`(x @ q.T) * scale` in fp32 arithmetic for fp32 x `(..., K)` with 1..32 rows, int8 q `(N, K)` and fp32 scale
+    `(N,)`, all contiguous on CPU; None where the kernel does not apply (as `kernel_linear`)."""
+    if x.dim() == 0 or x.dtype is not _F32 or not x.is_cpu or not x.is_contiguous():
+        return None
+    k = x.shape[-1]
+    rows = x.numel() // k if k else 0
+    if not MIN_ROWS <= rows <= MAX_ROWS or q.dim() != 2 or q.shape[1] != k or q.dtype is not torch.int8:
+        return None
+    n = q.shape[0]
+    if not (
+        n
+        and q.is_cpu
+        and q.is_contiguous()
+        and scale.dtype is _F32
+        and scale.is_cpu
+        and scale.is_contiguous()
+    ):
+        return None
+    if scale.shape != (n,) or (torch.is_grad_enabled() and x.requires_grad):
+        return None
+    mod = load_kernel()
+    if mod is None or (isa == ISA_AUTO and _best_isa < ISA_AVX2):
+        return None
+    y = torch.empty(*x.shape[:-1], n, dtype=_F32)
+    mod.gemm_i8(x.data_ptr(), q.data_ptr(), scale.data_ptr(), y.data_ptr(), rows, n, k, isa)
     return y
 
 

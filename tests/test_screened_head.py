@@ -1,0 +1,149 @@
+"""The int8-screened LM head: kernel against its reference, the error bound, exact argmax, and when the loop uses it."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers.generation.stopping_criteria import MaxLengthCriteria
+
+from hf_spec import SpeculativeDecoder
+from hf_spec.kernels import cpu_skinny_gemm as csg
+from hf_spec.kernels import screened_head as sh
+from hf_spec.kernels.screened_head import Int8Screen, screened_lm_head, screening_applies
+from tests.conftest import make_tiny_model, prompt_ids
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    if csg.load_kernel() is None:
+        pytest.skip("C++ kernel not buildable here: screening is off without it (tested below)")
+
+
+def _quantized(n: int, k: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) / k**0.5
+    scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)
+    q = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+    return w, q, scale
+
+
+@pytest.mark.parametrize("isa", [csg.ISA_SCALAR, csg.ISA_AVX2])
+@pytest.mark.parametrize("k", [16, 20, 1003])  # every tail of the 8-wide loop
+@pytest.mark.parametrize("n", [1, 7, 130])  # tiles of 1..4 rows of q
+def test_int8_kernel_matches_reference(kernel, isa, k, n):
+    _, q, scale = _quantized(n, k, seed=k + n)
+    for m in (1, 2, 3, 4, 5, 7, 32):
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+        y = csg.kernel_linear_int8(x, q, scale, isa=isa)
+        ref = (x.double() @ q.double().T) * scale.double()
+        assert y is not None and y.shape == (m, n)
+        torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5 * max(1.0, ref.abs().max().item()))
+
+
+def test_int8_kernel_declines_what_it_cannot_take(kernel):
+    _, q, scale = _quantized(8, 16)
+    assert csg.kernel_linear_int8(torch.randn(33, 16), q, scale) is None  # too many rows
+    assert csg.kernel_linear_int8(torch.randn(2, 16, dtype=torch.float64), q, scale) is None
+    assert csg.kernel_linear_int8(torch.randn(2, 16), q.float(), scale) is None
+    assert csg.kernel_linear_int8(torch.randn(2, 15), q, scale) is None
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_error_bound_holds_for_every_token(kernel, seed):
+    """|a_j - t_j| <= |x| c_j, the bound the candidate set rests on, with outlier rows and large activations."""
+    w, _, _ = _quantized(4099, 96, seed)
+    w[::97] *= 40  # rows with large weights: large scales
+    screen = Int8Screen.from_weight(w)
+    g = torch.Generator().manual_seed(100 + seed)
+    x = torch.randn(5, 96, generator=g) * 30
+    x[:, 3] = 400  # an outlier channel, as final norms have
+    approx = csg.kernel_linear_int8(x, screen.q, screen.scale)
+    exact = x.double() @ w.double().T
+    bound = x.double().norm(dim=1, keepdim=True) * screen.coef.double()[None]
+    assert ((approx.double() - exact).abs() <= bound).all()
+
+
+def test_top1_logits_keep_the_argmax_at_near_ties(kernel):
+    """Rows built to tie within the int8 error: the screened argmax is the fp32 head's, and candidates are exact."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(2000, 64, generator=g) / 8
+    w[1:50] = w[0] + 1e-4 * torch.randn(49, 64, generator=g)  # 50 rows within int8 rounding of each other
+    screen = Int8Screen.from_weight(w)
+    for trial in range(40):
+        x = torch.randn(3, 64, generator=g)
+        x[0] = w[trial % 50] * 20  # the near-tied rows are the top ones
+        full = csg.kernel_linear(x.contiguous(), w)
+        top = screen.top1_logits(x)
+        assert torch.equal(top.argmax(-1), full.argmax(-1))
+        kept = torch.isfinite(top)
+        assert kept.sum(-1).max() < 2000  # it did screen
+        assert torch.equal(top[kept], full[kept])  # same kernel, same sums: bit-identical
+
+
+def test_screen_rebuilds_when_the_weight_changes(kernel):
+    head = torch.nn.Linear(32, 50, bias=False)
+    first = sh.screen_for(head)
+    assert sh.screen_for(head) is first
+    with torch.no_grad():
+        head.weight.mul_(2)
+    assert sh.screen_for(head) is not first
+
+
+class _ReadsScores(StoppingCriteria):
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+
+def test_screening_applies_only_where_the_argmax_is_all_that_is_read(kernel, monkeypatch):
+    model = make_tiny_model("llama")
+    plain = StoppingCriteriaList([MaxLengthCriteria(20)])
+    assert screening_applies(model, False, False, False, plain)
+    assert not screening_applies(model, True, False, False, plain)  # sampling reads the distribution
+    assert not screening_applies(model, False, True, False, plain)  # logits processors
+    assert not screening_applies(model, False, False, True, plain)  # output_scores / output_logits
+    assert not screening_applies(model, False, False, False, StoppingCriteriaList([_ReadsScores()]))
+    assert not screening_applies(make_tiny_model("llama").to(torch.bfloat16), False, False, False, plain)
+    monkeypatch.setenv("HF_SPEC_SCREENED_HEAD", "0")
+    assert not screening_applies(model, False, False, False, plain)
+
+
+def test_screened_head_only_answers_its_own_thread(kernel):
+    model = make_tiny_model("qwen2")
+    head = model.get_output_embeddings()
+    x = torch.randn(1, 3, 32)
+    seen = {}
+    with torch.no_grad(), screened_lm_head(model):
+        seen["own"] = head(x)
+        worker = threading.Thread(target=lambda: seen.__setitem__("other", head(x)))
+        worker.start()
+        worker.join()
+    assert torch.isinf(seen["own"]).any()  # screened: -inf off the candidates
+    assert torch.isfinite(seen["other"]).all()  # another thread (an async drafter) gets the full head
+    assert "forward" not in head.__dict__
+
+
+@pytest.mark.parametrize("method", ["oracle:5", "pld", "early-exit:2"])
+def test_greedy_generation_identical_with_and_without_screening(kernel, monkeypatch, method):
+    model = make_tiny_model("llama", layers=4)
+    ids = prompt_ids(12, model.config.vocab_size)
+    calls = []
+    real = Int8Screen.top1_logits
+
+    def counted(self, x):
+        out = real(self, x)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(Int8Screen, "top1_logits", counted)
+    kw = dict(max_new_tokens=40, do_sample=False)
+    ref = model.generate(ids, **kw)
+    screened = model.generate(ids, custom_generate=SpeculativeDecoder(method), **kw)
+    assert any(calls), "the loop should have screened some verification"
+    monkeypatch.setenv("HF_SPEC_SCREENED_HEAD", "0")
+    calls.clear()
+    full = model.generate(ids, custom_generate=SpeculativeDecoder(method), **kw)
+    assert not calls
+    assert torch.equal(screened, ref) and torch.equal(full, ref)
