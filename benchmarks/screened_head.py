@@ -1,0 +1,141 @@
+"""The int8-screened LM head (`hf_spec/kernels/screened_head.py`) on a real target, two measurements:
+
+1. `--head`: time of the target's LM head on k rows of real verification hidden states (its own greedy answers to
+   Spec-Bench prompts): the fp32 kernel against screening; candidates kept per block; argmax mismatches (must be 0).
+2. `--method SPEC`: a same-process A/B of a method with screening on and off (`HF_SPEC_SCREENED_HEAD`), alternating
+   the order per prompt; total and verification seconds, and whether the two outputs are identical.
+
+Usage: python benchmarks/screened_head.py [--target NAME] [--head] [--method SPEC] [--prompts 13]
+    [--max-new-tokens 128] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+
+from hf_spec import SpeculativeDecoder
+from hf_spec.kernels import cpu_skinny_gemm
+from hf_spec.kernels.screened_head import Int8Screen
+from hf_spec.models.fetch import load_model
+from hf_spec.registry import parse_method
+
+PROMPTS = "../shared/data/eval/spec_bench_dev.jsonl"
+
+
+def first_per_category(path: str, limit: int) -> list[dict]:
+    seen, rows = set(), []
+    for line in open(path):
+        row = json.loads(line)
+        if row["category"] not in seen:
+            seen.add(row["category"])
+            rows.append(row)
+    return rows[:limit]
+
+
+def encode(tokenizer, text: str) -> torch.Tensor:
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt"
+    )
+    return ids["input_ids"] if hasattr(ids, "keys") else ids
+
+
+def median_ms(fn, repeats: int = 9) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+@torch.no_grad()
+def head_table(model, tokenizer, rows: list[dict], max_new_tokens: int) -> None:
+    weight = model.get_output_embeddings().weight.detach()
+    start = time.perf_counter()
+    screen = Int8Screen.from_weight(weight)
+    print(f"int8 screen built in {time.perf_counter() - start:.2f} s")
+    hidden = []
+    for row in rows:
+        ids = encode(tokenizer, row["turns"][0])
+        out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
+        h = model.model(out).last_hidden_state[0]
+        hidden.append(h[ids.shape[1] - 1 :])  # the answer's positions: what verification sees
+    print("| rows | fp32 kernel ms | screened ms | candidates median / max | argmax mismatches |")
+    print("|---|---|---|---|---|")
+    for k in (1, 2, 3, 4, 6):
+        counts, mismatches = [], 0
+        for h in hidden:
+            for s in range(0, h.shape[0] - k + 1, k):
+                x = h[s : s + k].contiguous()
+                counts.append(len(screen.candidates(x)))
+                full = cpu_skinny_gemm.kernel_linear(x, weight)
+                mismatches += int((screen.top1_logits(x).argmax(-1) != full.argmax(-1)).sum())
+        x = hidden[0][:k].contiguous()
+        full_ms = median_ms(lambda x=x: cpu_skinny_gemm.kernel_linear(x, weight))
+        screened_ms = median_ms(lambda x=x: screen.top1_logits(x))
+        print(
+            f"| {k} | {full_ms:.1f} | {screened_ms:.1f} | {statistics.median(counts):.0f} / {max(counts)} "
+            f"| {mismatches} |"
+        )
+
+
+def method_ab(model, tokenizer, rows: list[dict], spec: str, max_new_tokens: int) -> None:
+    decoder = SpeculativeDecoder(parse_method(spec), tokenizer=tokenizer)
+    warm = encode(tokenizer, rows[0]["turns"][0])
+    for flag in ("1", "0"):
+        os.environ["HF_SPEC_SCREENED_HEAD"] = flag
+        model.generate(warm, max_new_tokens=16, do_sample=False, custom_generate=decoder)
+    total = {"1": 0.0, "0": 0.0}
+    verify = {"1": 0.0, "0": 0.0}
+    different = 0
+    for i, row in enumerate(rows):
+        ids = encode(tokenizer, row["turns"][0])
+        outs = {}
+        for flag in ("1", "0") if i % 2 else ("0", "1"):
+            os.environ["HF_SPEC_SCREENED_HEAD"] = flag
+            start = time.perf_counter()
+            outs[flag] = model.generate(
+                ids, max_new_tokens=max_new_tokens, do_sample=False, custom_generate=decoder
+            )
+            total[flag] += time.perf_counter() - start
+            verify[flag] += decoder.last_stats.time_verify
+        different += int(not torch.equal(outs["1"], outs["0"]))
+        print(
+            f"{row['category']}: screened {total['1']:.1f} s (verify {verify['1']:.1f}), "
+            f"full head {total['0']:.1f} s (verify {verify['0']:.1f})",
+            flush=True,
+        )
+    os.environ.pop("HF_SPEC_SCREENED_HEAD", None)
+    print(
+        f"{spec}: time screened / full head {total['1'] / total['0']:.3f}, verification "
+        f"{verify['1'] / verify['0']:.3f}; outputs that differ: {different} of {len(rows)}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="qwen2.5-coder-0.5b-instruct")
+    parser.add_argument("--head", action="store_true", help="time the LM head alone on real hidden states")
+    parser.add_argument("--method", help="A/B this method with screening on and off")
+    parser.add_argument("--prompts", type=int, default=13, help="first prompt of each category, up to this many")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_model(args.target, dtype=torch.float32)
+    rows = first_per_category(PROMPTS, args.prompts)
+    if args.head:
+        head_table(model, tokenizer, rows, min(args.max_new_tokens, 48))
+    if args.method:
+        method_ab(model, tokenizer, rows, args.method, args.max_new_tokens)
+
+
+if __name__ == "__main__":
+    main()
