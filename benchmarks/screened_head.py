@@ -124,7 +124,9 @@ def main() -> None:
     parser.add_argument("--target", default="qwen2.5-coder-0.5b-instruct")
     parser.add_argument("--head", action="store_true", help="time the LM head alone on real hidden states")
     parser.add_argument("--method", help="A/B this method with screening on and off")
-    parser.add_argument("--prompts", type=int, default=13, help="first prompt of each category, up to this many")
+    parser.add_argument(
+        "--prompts", type=int, default=13, help="first prompt of each category, up to this many"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
