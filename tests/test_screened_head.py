@@ -147,3 +147,12 @@ def test_greedy_generation_identical_with_and_without_screening(kernel, monkeypa
     full = model.generate(ids, custom_generate=SpeculativeDecoder(method), **kw)
     assert not calls
     assert torch.equal(screened, ref) and torch.equal(full, ref)
+
+
+def test_non_finite_rows_fall_back_to_the_full_head(kernel):
+    w, _, _ = _quantized(300, 32)
+    screen = Int8Screen.from_weight(w)
+    x = torch.randn(2, 32)
+    x[1, 5] = float("nan")
+    assert screen.top1_logits(x) is None
+    assert screen.top1_logits(torch.randn(7, 32)) is None  # more rows than pay: the full head

@@ -100,6 +100,8 @@ class Int8Screen:
         if not 1 <= x2.shape[0] <= MAX_ROWS or x.dtype != torch.float32:
             return None
         x2 = x2.contiguous()
+        if not bool(torch.isfinite(x2).all()):  # the bound needs finite inputs: the full head decides
+            return None
         idx = self.candidates(x2)
         if idx is None:
             return None
