@@ -18,6 +18,7 @@ import statistics
 import time
 
 import torch
+from skinny_gemm_rows import median_seconds  # benchmarks/ is this script's folder
 
 from hf_spec import SpeculativeDecoder
 from hf_spec.kernels import cpu_skinny_gemm
@@ -45,16 +46,6 @@ def encode(tokenizer, text: str) -> torch.Tensor:
     return ids["input_ids"] if hasattr(ids, "keys") else ids
 
 
-def median_ms(fn, repeats: int = 9) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
-
-
 @torch.no_grad()
 def head_table(model, tokenizer, rows: list[dict], max_new_tokens: int) -> None:
     weight = model.get_output_embeddings().weight.detach()
@@ -78,8 +69,8 @@ def head_table(model, tokenizer, rows: list[dict], max_new_tokens: int) -> None:
                 full = cpu_skinny_gemm.kernel_linear(x, weight)
                 mismatches += int((screen.top1_logits(x).argmax(-1) != full.argmax(-1)).sum())
         x = hidden[0][:k].contiguous()
-        full_ms = median_ms(lambda x=x: cpu_skinny_gemm.kernel_linear(x, weight))
-        screened_ms = median_ms(lambda x=x: screen.top1_logits(x))
+        full_ms = median_seconds(lambda x=x: cpu_skinny_gemm.kernel_linear(x, weight), 9) * 1e3
+        screened_ms = median_seconds(lambda x=x: screen.top1_logits(x), 9) * 1e3
         print(
             f"| {k} | {full_ms:.1f} | {screened_ms:.1f} | {statistics.median(counts):.0f} / {max(counts)} "
             f"| {mismatches} |"

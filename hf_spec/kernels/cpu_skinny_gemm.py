@@ -374,56 +374,48 @@ void skinny_gemm_i8(const float* x, const int8_t* q, const float* scale, float* 
 }  // namespace
 
 // ------------------------------------------------------------------------------------------------ Python module
-static PyObject* py_gemm(PyObject*, PyObject* args) {
-  unsigned long long x, w, b, y;
+// Parse (ptr0, ptr1, ptr2, ptr3, M, N, K, isa) and run `gemm(ptrs, M, N, K, isa)` without the GIL; ptr2 may be 0
+// where `ptr2_optional` (a bias), the others may not.
+template <typename Gemm>
+PyObject* run_gemm(PyObject* args, const char* name, bool ptr2_optional, Gemm gemm) {
+  unsigned long long p[4];
   long long M, N, K;
   int isa;
-  if (!PyArg_ParseTuple(args, "KKKKLLLi", &x, &w, &b, &y, &M, &N, &K, &isa)) return nullptr;
-  if (M < 1 || N < 1 || K < 1 || !x || !w || !y) {
-    PyErr_SetString(PyExc_ValueError, "skinny_gemm: bad shape or null pointer");
+  if (!PyArg_ParseTuple(args, "KKKKLLLi", &p[0], &p[1], &p[2], &p[3], &M, &N, &K, &isa)) return nullptr;
+  if (M < 1 || N < 1 || K < 1 || !p[0] || !p[1] || !p[3] || (!ptr2_optional && !p[2])) {
+    PyErr_Format(PyExc_ValueError, "%s: bad shape or null pointer", name);
     return nullptr;
   }
   if (isa < 0 || isa > best_isa()) isa = best_isa();
   bool failed = false;
   Py_BEGIN_ALLOW_THREADS
   try {
-    skinny_gemm(reinterpret_cast<const float*>(x), reinterpret_cast<const float*>(w),
-                reinterpret_cast<const float*>(b), reinterpret_cast<float*>(y), M, N, K, isa);
+    gemm(p, M, N, K, isa);
   } catch (...) {
     failed = true;
   }
   Py_END_ALLOW_THREADS
   if (failed) {
-    PyErr_SetString(PyExc_RuntimeError, "skinny_gemm failed");
+    PyErr_Format(PyExc_RuntimeError, "%s failed", name);
     return nullptr;
   }
   Py_RETURN_NONE;
 }
 
+static PyObject* py_gemm(PyObject*, PyObject* args) {
+  return run_gemm(args, "skinny_gemm", true,
+                  [](const unsigned long long* p, int64_t M, int64_t N, int64_t K, int isa) {
+                    skinny_gemm(reinterpret_cast<const float*>(p[0]), reinterpret_cast<const float*>(p[1]),
+                                reinterpret_cast<const float*>(p[2]), reinterpret_cast<float*>(p[3]), M, N, K, isa);
+                  });
+}
+
 static PyObject* py_gemm_i8(PyObject*, PyObject* args) {
-  unsigned long long x, q, scale, y;
-  long long M, N, K;
-  int isa;
-  if (!PyArg_ParseTuple(args, "KKKKLLLi", &x, &q, &scale, &y, &M, &N, &K, &isa)) return nullptr;
-  if (M < 1 || N < 1 || K < 1 || !x || !q || !scale || !y) {
-    PyErr_SetString(PyExc_ValueError, "skinny_gemm_i8: bad shape or null pointer");
-    return nullptr;
-  }
-  if (isa < 0 || isa > best_isa()) isa = best_isa();
-  bool failed = false;
-  Py_BEGIN_ALLOW_THREADS
-  try {
-    skinny_gemm_i8(reinterpret_cast<const float*>(x), reinterpret_cast<const int8_t*>(q),
-                   reinterpret_cast<const float*>(scale), reinterpret_cast<float*>(y), M, N, K, isa);
-  } catch (...) {
-    failed = true;
-  }
-  Py_END_ALLOW_THREADS
-  if (failed) {
-    PyErr_SetString(PyExc_RuntimeError, "skinny_gemm_i8 failed");
-    return nullptr;
-  }
-  Py_RETURN_NONE;
+  return run_gemm(args, "skinny_gemm_i8", false,
+                  [](const unsigned long long* p, int64_t M, int64_t N, int64_t K, int isa) {
+                    skinny_gemm_i8(reinterpret_cast<const float*>(p[0]), reinterpret_cast<const int8_t*>(p[1]),
+                                   reinterpret_cast<const float*>(p[2]), reinterpret_cast<float*>(p[3]), M, N, K, isa);
+                  });
 }
 
 static PyObject* py_best_isa(PyObject*, PyObject*) { return PyLong_FromLong(best_isa()); }
