@@ -274,6 +274,24 @@ void tile_i8_scalar(const int8_t* __restrict q, const float* __restrict scale, c
     for (int i = 0; i < NRT; ++i) y[j * N + i] = acc[i][j] * scale[i];
 }
 
+// 8 int8 weights as 8 floats (exact: |q| <= 127)
+HF_AVX2 inline __m256 load_i8x8_avx2(const int8_t* q) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))));
+}
+
+// the last K % 8 products in plain C++, then y[j * N + i] = (sum of acc[i][j] + tail) * scale[i]
+template <int NRT, int MR>
+HF_AVX2 inline void store_i8_avx2(const __m256 (&acc)[NRT][MR], const int8_t* __restrict q,
+                                  const float* __restrict scale, const float* __restrict x, int64_t k, int64_t K,
+                                  int64_t N, float* __restrict y) {
+  float tail[NRT][MR] = {};
+  for (; k < K; ++k)
+    for (int i = 0; i < NRT; ++i)
+      for (int j = 0; j < MR; ++j) tail[i][j] += static_cast<float>(q[i * K + k]) * x[j * K + k];
+  for (int j = 0; j < MR; ++j)
+    for (int i = 0; i < NRT; ++i) y[j * N + i] = (hsum_avx2(acc[i][j]) + tail[i][j]) * scale[i];
+}
+
 template <int NRT, int MR>
 HF_AVX2 void tile_i8_avx2(const int8_t* __restrict q, const float* __restrict scale, const float* __restrict x,
                           int64_t K, int64_t N, float* __restrict y, const int8_t* next, int npf) {
@@ -291,18 +309,12 @@ HF_AVX2 void tile_i8_avx2(const int8_t* __restrict q, const float* __restrict sc
       for (int i = 0; i < npf; ++i) _mm_prefetch(reinterpret_cast<const char*>(next + i * K + k), _MM_HINT_T1);
 #pragma GCC unroll 4
     for (int i = 0; i < NRT; ++i) {
-      const __m256 wv = _mm256_cvtepi32_ps(
-          _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + i * K + k))));
+      const __m256 wv = load_i8x8_avx2(q + i * K + k);
 #pragma GCC unroll 8
       for (int j = 0; j < MR; ++j) acc[i][j] = _mm256_fmadd_ps(wv, xv[j], acc[i][j]);
     }
   }
-  float tail[NRT][MR] = {};
-  for (; k < K; ++k)
-    for (int i = 0; i < NRT; ++i)
-      for (int j = 0; j < MR; ++j) tail[i][j] += static_cast<float>(q[i * K + k]) * x[j * K + k];
-  for (int j = 0; j < MR; ++j)
-    for (int i = 0; i < NRT; ++i) y[j * N + i] = (hsum_avx2(acc[i][j]) + tail[i][j]) * scale[i];
+  store_i8_avx2<NRT, MR>(acc, q, scale, x, k, K, N, y);
 }
 
 // 4-5 rows of x: 2 rows of q per tile, converted once into registers, against all of x's rows read from L1
@@ -322,8 +334,7 @@ HF_AVX2 void tile_i8_avx2_wide(const int8_t* __restrict q, const float* __restri
     __m256 wv[NRT];
 #pragma GCC unroll 2
     for (int i = 0; i < NRT; ++i)
-      wv[i] = _mm256_cvtepi32_ps(
-          _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + i * K + k))));
+      wv[i] = load_i8x8_avx2(q + i * K + k);
 #pragma GCC unroll 8
     for (int j = 0; j < MR; ++j) {
       const __m256 xv = _mm256_loadu_ps(x + j * K + k);
@@ -331,12 +342,7 @@ HF_AVX2 void tile_i8_avx2_wide(const int8_t* __restrict q, const float* __restri
       for (int i = 0; i < NRT; ++i) acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
     }
   }
-  float tail[NRT][MR] = {};
-  for (; k < K; ++k)
-    for (int i = 0; i < NRT; ++i)
-      for (int j = 0; j < MR; ++j) tail[i][j] += static_cast<float>(q[i * K + k]) * x[j * K + k];
-  for (int j = 0; j < MR; ++j)
-    for (int i = 0; i < NRT; ++i) y[j * N + i] = (hsum_avx2(acc[i][j]) + tail[i][j]) * scale[i];
+  store_i8_avx2<NRT, MR>(acc, q, scale, x, k, K, N, y);
 }
 
 static const TileI8Fn kI8Scalar[4][6] = HF_TABLE(tile_i8_scalar);
