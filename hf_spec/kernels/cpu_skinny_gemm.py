@@ -543,33 +543,46 @@ def _reset_for_tests() -> None:
         _module, _tried = None, False
 
 
+def _plain(t: torch.Tensor, dtype: torch.dtype) -> bool:
+    """A contiguous strided CPU tensor of `dtype`: what the kernel reads through a raw pointer."""
+    return t.dtype is dtype and t.is_cpu and t.layout is _STRIDED and t.is_contiguous()
+
+
+def _rows(x: torch.Tensor) -> int:
+    """Rows of `x (..., K)` where the kernel takes it (fp32, plain, 1..32 rows), else 0."""
+    if x.dim() == 0 or not x.shape[-1] or not _plain(x, _F32):
+        return 0
+    rows = x.numel() // x.shape[-1]
+    return rows if MIN_ROWS <= rows <= MAX_ROWS else 0
+
+
+def _usable_kernel(isa: int) -> ModuleType | None:
+    mod = load_kernel()
+    if mod is None or (isa == ISA_AUTO and _best_isa < ISA_AVX2):
+        return None  # the plain C++ path is for tests: on a CPU without AVX2, MKL's F.linear is faster
+    return mod
+
+
 def kernel_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, isa: int = ISA_AUTO
 ) -> torch.Tensor | None:
     """`F.linear(x, weight, bias)` by the kernel, or None where the kernel does not apply: not fp32 / CPU /
     contiguous, rows of x outside 1..32, autograd needed, kernel disabled or not buildable."""
-    if x.dim() == 0 or x.dtype is not _F32 or weight.dtype is not _F32 or not x.is_cpu or not weight.is_cpu:
+    rows = _rows(x)
+    if not rows or weight.dim() != 2:
         return None
-    if x.layout is not _STRIDED or weight.layout is not _STRIDED:
+    k, n = x.shape[-1], weight.shape[0]
+    if not n or weight.shape[1] != k or not _plain(weight, _F32):
         return None
-    k = x.shape[-1]
-    rows = x.numel() // k if k else 0
-    if not MIN_ROWS <= rows <= MAX_ROWS or weight.dim() != 2 or weight.shape[1] != k:
-        return None
-    n = weight.shape[0]
-    if not n or not x.is_contiguous() or not weight.is_contiguous():
-        return None
-    if bias is not None and (
-        bias.dtype is not _F32 or not bias.is_cpu or not bias.is_contiguous() or bias.shape != (n,)
-    ):
+    if bias is not None and (not _plain(bias, _F32) or bias.shape != (n,)):
         return None
     if torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     ):
         return None
-    mod = load_kernel()
-    if mod is None or (isa == ISA_AUTO and _best_isa < ISA_AVX2):
-        return None  # the plain C++ path is for tests: on a CPU without AVX2, MKL's F.linear is faster
+    mod = _usable_kernel(isa)
+    if mod is None:
+        return None
     y = torch.empty(*x.shape[:-1], n, dtype=_F32)
     mod.gemm(
         x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), y.data_ptr(), rows, n, k, isa
@@ -582,26 +595,16 @@ def kernel_linear_int8(
 ) -> torch.Tensor | None:
     """`(x @ q.T) * scale` in fp32 arithmetic for fp32 x `(..., K)` with 1..32 rows, int8 q `(N, K)` and fp32 scale
     `(N,)`, all contiguous on CPU; None where the kernel does not apply (as `kernel_linear`)."""
-    if x.dim() == 0 or x.dtype is not _F32 or not x.is_cpu or not x.is_contiguous():
+    rows = _rows(x)
+    if not rows or q.dim() != 2:
         return None
-    k = x.shape[-1]
-    rows = x.numel() // k if k else 0
-    if not MIN_ROWS <= rows <= MAX_ROWS or q.dim() != 2 or q.shape[1] != k or q.dtype is not torch.int8:
+    k, n = x.shape[-1], q.shape[0]
+    if not n or q.shape[1] != k or not _plain(q, torch.int8):
         return None
-    n = q.shape[0]
-    if not (
-        n
-        and q.is_cpu
-        and q.is_contiguous()
-        and scale.dtype is _F32
-        and scale.is_cpu
-        and scale.is_contiguous()
-    ):
+    if not _plain(scale, _F32) or scale.shape != (n,) or (torch.is_grad_enabled() and x.requires_grad):
         return None
-    if scale.shape != (n,) or (torch.is_grad_enabled() and x.requires_grad):
-        return None
-    mod = load_kernel()
-    if mod is None or (isa == ISA_AUTO and _best_isa < ISA_AVX2):
+    mod = _usable_kernel(isa)
+    if mod is None:
         return None
     y = torch.empty(*x.shape[:-1], n, dtype=_F32)
     mod.gemm_i8(x.data_ptr(), q.data_ptr(), scale.data_ptr(), y.data_ptr(), rows, n, k, isa)
