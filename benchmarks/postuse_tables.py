@@ -3,8 +3,11 @@
     python benchmarks/postuse_tables.py benchmarks/results/postuse-qwen2.5-coder-0.5b-instruct [more result dirs]
 
 Prints one markdown table per results folder: speedup vs `ar`, speed relative to the fixed-lambda config
-(`*-fixed.json`) of the same run, tau (mean tokens per target forward = mean accepted length + 1) and draft
+(`*-fixed.json`) of the same run, tau (mean tokens per target forward = mean accepted length + 1), draft
 utilization (accepted tree nodes / proposed tree nodes, cached branches included), plus lossless mismatches.
+Where the run recorded the postuse drafter's counters (`drafter_counts`, since session 13) it adds draft calls per
+round and the drafter's utilization: output tokens that came from the drafter's chain or from cached phrases /
+tokens the drafter drafted (the paper's "drafted tokens converted into output"; the cache only recycles text).
 """
 
 from __future__ import annotations
@@ -14,11 +17,31 @@ import sys
 from pathlib import Path
 
 
+def drafter_counts(results: dict) -> dict[str, dict[str, float]]:
+    """Per method, the sum of its prompts' postuse counters."""
+    total: dict[str, dict[str, float]] = {}
+    for run in results["runs"]:
+        for k, v in run.get("drafter_counts", {}).items():
+            acc = total.setdefault(run["method"], {})
+            acc[k] = acc.get(k, 0) + v
+    return total
+
+
+def drafter_utilization(c: dict[str, float]) -> float:
+    return (c["chain_accepted"] + c["cache_accepted"]) / max(c["chain_tokens"], 1)
+
+
 def table(results: dict) -> str:
     summary = results["summary"]
+    counts = drafter_counts(results)
     fixed = next((e for n, e in summary.items() if n.endswith("-fixed.json")), None)
+    fixed_name = next((n for n in summary if n.endswith("-fixed.json")), None)
     head = "| method | speedup vs ar | vs fixed lambda | tau | mean accepted length | draft util. | util. vs fixed | mismatches |"
-    lines = [head, "|---|---|---|---|---|---|---|---|"]
+    sep = "|---|---|---|---|---|---|---|---|"
+    if counts:
+        head += " draft calls / round | drafter util. | drafter util. vs fixed |"
+        sep += "---|---|---|"
+    lines = [head, sep]
     for name, e in summary.items():
         short = name
         if name.startswith("postuse:"):
@@ -31,6 +54,14 @@ def table(results: dict) -> str:
             + (f"{util:.2f}" if util else "-")
             + f" | {rel_util:.2f}x | {e.get('lossless_mismatches', '-')} |"
         )
+        if counts:
+            c, base = counts.get(name), counts.get(fixed_name)
+            if c:
+                du = drafter_utilization(c)
+                rel_du = f"{du / drafter_utilization(base):.2f}x" if base else "-"
+                lines[-1] += f" {c['draft_calls'] / max(c['rounds'], 1):.2f} | {du:.2f} | {rel_du} |"
+            else:
+                lines[-1] += " - | - | - |"
     m = results["machine"]
     lines += [
         "",

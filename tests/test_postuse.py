@@ -362,10 +362,16 @@ def test_reuse_pays_on_repetitive_text(tiny_llama):
     """Generating the same prompt again: the cached phrases are accepted at both sides."""
     decoder = SpeculativeDecoder(_postuse("early-exit", tiny_llama, precut=False, draft_length=3))
     ids = prompt_ids(10, seed=3)
+    per_call = []
     for _ in range(2):
         tiny_llama.generate(ids, max_new_tokens=40, do_sample=False, custom_generate=decoder)
+        per_call.append(decoder.drafter_for(tiny_llama).counts)
     stats = decoder.drafter_for(tiny_llama).stats
     assert stats.reused_at_draft > 0 and stats.cache_accepted > 0
+    # `counts` (what the bench records per prompt) are this generation's share of the running totals
+    for key in ("rounds", "chain_tokens", "cache_accepted", "reused_at_draft"):
+        assert per_call[0][key] + per_call[1][key] == getattr(stats, key), key
+    assert per_call[1]["cache_accepted"] > 0 and per_call[0]["rounds"] > 0
 
 
 def test_memory_stays_bounded_over_a_long_generation(tiny_llama):

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from hf_spec.decoder import SpeculativeDecoder
+from hf_spec.kernels.skinny_linear import one_row_kernel_decision
 from hf_spec.models.fetch import dtype_name
 
 # Spec-Bench's six groups: the eight MT-bench categories count as one
@@ -174,6 +175,7 @@ def machine_info() -> dict:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "one_row_kernel": one_row_kernel_decision(),  # None: never measured (no one-row draft forward ran)
     }
 
 
@@ -362,7 +364,12 @@ def markdown_table(results: dict) -> str:
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['torch_threads']} torch threads; "
         f"{m.get('dtype', 'float32')} weights; torch {m['torch']}, "
-        f"transformers {m['transformers']}; {m['date']}",
+        f"transformers {m['transformers']}; {m['date']}"
+        + (
+            ""
+            if m.get("one_row_kernel") is None
+            else f"; one-row kernel {'on' if m['one_row_kernel'] else 'off'}"
+        ),
     ]
     return "\n".join(lines) + "\n"
 

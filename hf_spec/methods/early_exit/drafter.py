@@ -44,10 +44,11 @@ class EarlyExitDrafter(Drafter, StepwiseDrafter):
         try:
             for step in range(depth):
                 position_ids = torch.tensor([[past + step]], device=token.device)
-                hidden = run_layers(
-                    parts, parts.embed_tokens(token), position_ids, state.cache, 0, self.exit_layer
-                )
-                logits = self.exits.logits(self.exit_layer, hidden)[0, -1].float()
+                with fast_linears(self.model):  # same kernels as the step-wise path (`_step_forward`)
+                    hidden = run_layers(
+                        parts, parts.embed_tokens(token), position_ids, state.cache, 0, self.exit_layer
+                    )
+                    logits = self.exits.logits(self.exit_layer, hidden)[0, -1].float()
                 top = torch.topk(logits, cfg.siblings + 1)
                 chain.append(int(top.indices[0]))
                 siblings.append(top.indices[1:].tolist())

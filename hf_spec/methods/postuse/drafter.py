@@ -107,10 +107,12 @@ class PostUseDrafter(Drafter):
         self._round: _Round | None = None
         self._proposed_at = 0.0
         self._next_window = 0  # first committed position whose window is not final in the cache
+        self._stats_at_begin: dict = {}
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     def begin(self, state: SpecState) -> None:
         self.inner.begin(state)
+        self._stats_at_begin = self.stats.to_dict()
         self._round = None
         self._next_window = 0 if self.config.admit_prompt else state.seq_len - 1
         if self.cache is not None:
@@ -122,6 +124,12 @@ class PostUseDrafter(Drafter):
 
     def end(self, state: SpecState) -> None:
         self.inner.end(state)
+
+    @property
+    def counts(self) -> dict[str, float]:
+        """This generation's `PostUseStats` counters (the bench reports them per prompt)."""
+        now = self.stats.to_dict()
+        return {k: v - self._stats_at_begin.get(k, 0) for k, v in now.items()}
 
     @property
     def target_cost(self) -> float:
