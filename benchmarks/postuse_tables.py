@@ -21,6 +21,8 @@ def drafter_counts(results: dict) -> dict[str, dict[str, float]]:
     """Per method, the sum of its prompts' postuse counters."""
     total: dict[str, dict[str, float]] = {}
     for run in results["runs"]:
+        if not run["method"].startswith("postuse:"):  # e.g. HiSpec's counters
+            continue
         for k, v in run.get("drafter_counts", {}).items():
             acc = total.setdefault(run["method"], {})
             acc[k] = acc.get(k, 0) + v
