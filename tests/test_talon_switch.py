@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from hf_spec.methods.talon.switch import CostAwareSwitch
+import pytest
+
+from hf_spec.methods.talon.switch import STEP_NODES, CostAwareSwitch
 
 
 def test_model_is_skipped_only_where_retrieval_alone_gets_long_runs():
@@ -156,3 +158,51 @@ def test_best_switch_measures_unknown_and_censored_buckets_with_both_halves():
     assert switch.choose(2, 16) == "both"
     switch.record(2, used_model=True, retrieval_accepted=0, accepted=1, used_retrieval=True)
     assert switch.choose(2, 16) == "model"
+
+
+def test_fit_prices_the_screened_head_step():
+    """Rounds of 100 ms + 3 ms per node + 25 ms once a tree leaves the screened LM head (> STEP_NODES nodes): the
+    fit recovers both terms, and a 5-node retrieval tree fused with a 2-node model chain (7 nodes) is no longer
+    chosen, where the straight line through the same rounds would fuse them."""
+    switch = CostAwareSwitch(explore_every=0)
+    switch.start_round()
+    sizes = [2, 3, 4, 5, 7, 9, 12, 16]
+    for i in range(64):
+        nodes, r = sizes[i % len(sizes)], 2 * (i % 2)  # retrieval gets 0 or 2 accepted, the model 1
+        switch.model_drafted(0.010)
+        switch.record(
+            2, used_model=True, retrieval_accepted=r, accepted=max(r, 1), nodes=nodes, model_nodes=2,
+            model_accepted=1, model_size=2,
+        )  # fmt: skip
+        switch._round_start -= 0.010 + 0.100 + 0.003 * nodes + 0.025 * (nodes > STEP_NODES)
+        switch.start_round()
+    s, h = switch.fit()
+    assert abs(s - 0.003) < 3e-4 and abs(h - 0.025) < 3e-3
+    assert abs(switch.intercept() - 0.100) < 3e-3
+    assert switch.verify_seconds(7) - switch.verify_seconds(5) == pytest.approx(2 * s + h)
+    assert switch.choose(2, 5) != "both"
+    # the straight line through the same rounds, as the switch fitted before the step: both halves fused win
+    times = [0.100 + 0.003 * n + 0.025 * (n > STEP_NODES) for n in sizes]
+    mean_n, mean_t = sum(sizes) / len(sizes), sum(times) / len(times)
+    slope = sum((n - mean_n) * (t - mean_t) for n, t in zip(sizes, times, strict=True)) / sum(
+        (n - mean_n) ** 2 for n in sizes
+    )
+    line = mean_t - slope * mean_n
+    rates = {  # tokens: retrieval 1 + 1, model 1 + 1, both 1.5 + 1
+        "retrieval": 2.0 / (line + slope * 5),
+        "model": 2.0 / (line + slope * 2 + 0.010),
+        "both": 2.5 / (line + slope * 7 + 0.010),
+    }
+    assert max(rates, key=rates.get) == "both"
+
+
+def test_fit_without_both_sides_of_the_step_is_a_line():
+    switch = CostAwareSwitch()
+    switch.start_round()
+    for i in range(40):
+        nodes = 6 + (i % 3) * 6
+        switch.record(1, used_model=False, retrieval_accepted=0, accepted=0, nodes=nodes)
+        switch._round_start -= 0.001 + 0.0005 * nodes
+        switch.start_round()
+    s, h = switch.fit()
+    assert abs(s - 0.0005) < 5e-5 and h == 0.0

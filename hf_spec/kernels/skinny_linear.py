@@ -56,7 +56,7 @@ _one_row_lock = threading.Lock()
 
 
 def one_row_kernel_pays() -> bool:
-    """Whether the kernel beats `F.linear` on one row of x here: measured once per torch thread count (~0.2 s, on
+    """Whether the kernel beats `F.linear` on one row of x here: measured once per torch thread count (~0.5 s, on
     256 MiB of weights so they stream from DRAM as a model's do); `HF_SPEC_ONE_ROW_KERNEL=1` / `0` forces it."""
     flag = os.environ.get("HF_SPEC_ONE_ROW_KERNEL", "").strip().lower()
     if flag in ("0", "1", "true", "false", "yes", "no"):

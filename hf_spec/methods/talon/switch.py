@@ -23,7 +23,12 @@ picks the largest expected tokens per second among
     retrieval: (R[b] + 1) / (a + s n_r)     model: (M + 1) / (a + s n_m + d)     both: (R[b] + G + 1) / (a + s (n_r + x) + d)
 
 with n_r the round's retrieval tree, n_m the model tree's mean size, x the model's mean extra nodes in fused trees
-and M what the model tree alone gets accepted. In model-only rounds R is what the retrieval tree would have had
+and M what the model tree alone gets accepted. The fit has a step too: a greedy float32 verification of at most
+`STEP_NODES` nodes reads the int8-screened LM head (`hf_spec.kernels.screened_head`), a larger one the fp32 head,
+so each `s * n` above reads `s * n + h * [n > STEP_NODES]`, with h fitted with s (two-regressor running least
+squares; h = 0 where all rounds fall on one side). Without the step a linear fit over 2- to 24-node rounds priced a
+3-node model chain and a 7-node fused tree alike, and the switch fused trees where the model chain alone was faster
+(Spec-Bench math_reasoning and translation, session 12: hybrid 0.86-0.87x model-only). In model-only rounds R is what the retrieval tree would have had
 accepted by the committed tokens (exact under greedy verification), and G = max(R, M) - R as the fused tree
 would have had (R is not updated when the retrieval tree matched all of them). After `explore_every` rounds
 that did not run both, both run once; so does a round whose match bucket has no R yet, or whose last dropped
@@ -35,6 +40,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+
+from hf_spec.kernels.screened_head import MAX_ROWS
+
+STEP_NODES = MAX_ROWS - 1  # verified nodes (plus the root) that still read the screened LM head
 
 
 @dataclass
@@ -68,8 +77,9 @@ class CostAwareSwitch:
         self.model_nodes = _RunningMean()  # nodes the model adds to the verified tree
         self.model_accepted = _RunningMean()  # M: tokens the model tree alone gets accepted
         self.model_size = _RunningMean()  # nodes of the model tree
-        # running moments of (verified nodes n, rest of the round t) for the per-node slope
+        # running moments of (verified nodes n, step z = [n > STEP_NODES], rest of the round t) for the fit
         self._n, self._t, self._nn, self._nt = _RunningMean(), _RunningMean(), _RunningMean(), _RunningMean()
+        self._z, self._zz, self._nz, self._zt = _RunningMean(), _RunningMean(), _RunningMean(), _RunningMean()
         self.skipped = 0  # rounds skipped in a row
         self.censored = [False] * (max_bucket + 1)  # the bucket's last dropped retrieval tree was censored
         self.new_generation()
@@ -84,12 +94,31 @@ class CostAwareSwitch:
     def bucket(self, match: int) -> int:
         return min(max(match, 0), self.max_bucket)
 
+    def fit(self) -> tuple[float, float]:
+        """`(s, h)`: seconds per verified node and the step above `STEP_NODES` nodes (least squares, both >= 0)."""
+        var_n = self._nn.value - self._n.value**2
+        if self._n.count < 8 or var_n < 1.0:
+            return 0.0, 0.0
+        cov_nt = self._nt.value - self._n.value * self._t.value
+        var_z = self._zz.value - self._z.value**2
+        cov_nz = self._nz.value - self._n.value * self._z.value
+        det = var_n * var_z - cov_nz**2
+        if var_z < 0.02 or det < 1e-3 * var_n * var_z:  # one side of the step only (or n decides z)
+            return max(0.0, cov_nt / var_n), 0.0
+        cov_zt = self._zt.value - self._z.value * self._t.value
+        s, h = (cov_nt * var_z - cov_zt * cov_nz) / det, (cov_zt * var_n - cov_nt * cov_nz) / det
+        if s < 0 or h < 0:  # keep the constraint: refit with the other term alone
+            return (max(0.0, cov_nt / var_n), 0.0) if h < 0 else (0.0, max(0.0, cov_zt / var_z))
+        return s, h
+
     def node_seconds(self) -> float:
-        """Seconds one more verified node adds to a round (least-squares slope, >= 0)."""
-        var = self._nn.value - self._n.value**2
-        if self._n.count < 8 or var < 1.0:
-            return 0.0
-        return max(0.0, (self._nt.value - self._n.value * self._t.value) / var)
+        """Seconds one more verified node adds to a round (the fit's slope)."""
+        return self.fit()[0]
+
+    def verify_seconds(self, nodes: float) -> float:
+        """What `nodes` verified nodes add to a round's intercept: `s * nodes + h * [nodes > STEP_NODES]`."""
+        s, h = self.fit()
+        return s * nodes + h * (nodes > STEP_NODES)
 
     def ratio(self) -> float:
         """c / T: the model's cost (drafting + verifying its nodes) over the rest of a round."""
@@ -102,7 +131,8 @@ class CostAwareSwitch:
 
     def intercept(self) -> float:
         """a: a round's time (without drafting the model) at zero verified nodes."""
-        a = self._t.value - self.node_seconds() * self._n.value
+        s, h = self.fit()
+        a = self._t.value - s * self._n.value - h * self._z.value
         return a if a > 0 else self.rest_seconds.value
 
     def choose(self, match: int, retrieval_nodes: int) -> str:
@@ -115,12 +145,12 @@ class CostAwareSwitch:
             self.skipped = 0
             return "both"
         expected = self.retrieval_accepted[b].value
-        a, s, d = self.intercept(), self.node_seconds(), self.model_seconds.value
+        a, d, cost = self.intercept(), self.model_seconds.value, self.verify_seconds
         rates = {
-            "retrieval": (expected + 1.0) / (a + s * retrieval_nodes),
-            "model": (self.model_accepted.value + 1.0) / (a + s * self.model_size.value + d),
+            "retrieval": (expected + 1.0) / (a + cost(retrieval_nodes)),
+            "model": (self.model_accepted.value + 1.0) / (a + cost(self.model_size.value) + d),
             "both": (expected + self.model_gain.value + 1.0)
-            / (a + s * (retrieval_nodes + self.model_nodes.value) + d),
+            / (a + cost(retrieval_nodes + self.model_nodes.value) + d),
         }
         if not retrieval_nodes:
             rates.pop("retrieval")
@@ -148,7 +178,17 @@ class CostAwareSwitch:
             self.rest_seconds.add(rest)
             if self._round_nodes is not None:
                 n = float(self._round_nodes)
-                for mean, x in ((self._n, n), (self._t, rest), (self._nn, n * n), (self._nt, n * rest)):
+                z = float(n > STEP_NODES)
+                for mean, x in (
+                    (self._n, n),
+                    (self._t, rest),
+                    (self._nn, n * n),
+                    (self._nt, n * rest),
+                    (self._z, z),
+                    (self._zz, z),
+                    (self._nz, n * z),
+                    (self._zt, z * rest),
+                ):
                     mean.add(x, min_rate=0.05)
         self._round_start, self._round_model_seconds, self._round_nodes = now, 0.0, None
 
