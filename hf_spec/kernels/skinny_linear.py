@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import statistics
 import threading
 import time
 import types
@@ -90,8 +91,10 @@ def _measure_one_row(repeats: int = 5) -> bool:
         return time.perf_counter() - start
 
     seconds(cpu_skinny_gemm.kernel_linear), seconds(F.linear)  # warm-up pair
-    ratios = sorted(seconds(cpu_skinny_gemm.kernel_linear) / seconds(F.linear) for _ in range(repeats))
-    return ratios[len(ratios) // 2] < 0.8
+    return (
+        statistics.median(seconds(cpu_skinny_gemm.kernel_linear) / seconds(F.linear) for _ in range(repeats))
+        < 0.8
+    )
 
 
 def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:

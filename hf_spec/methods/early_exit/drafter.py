@@ -42,21 +42,21 @@ class EarlyExitDrafter(Drafter, StepwiseDrafter):
         chain: list[int] = []
         siblings: list[list[int]] = []
         try:
-            for step in range(depth):
-                position_ids = torch.tensor([[past + step]], device=token.device)
-                with fast_linears(self.model):  # same kernels as the step-wise path (`_step_forward`)
+            with fast_linears(self.model):  # same kernels as the step-wise path (`_step_forward`)
+                for step in range(depth):
+                    position_ids = torch.tensor([[past + step]], device=token.device)
                     hidden = run_layers(
                         parts, parts.embed_tokens(token), position_ids, state.cache, 0, self.exit_layer
                     )
                     logits = self.exits.logits(self.exit_layer, hidden)[0, -1].float()
-                top = torch.topk(logits, cfg.siblings + 1)
-                chain.append(int(top.indices[0]))
-                siblings.append(top.indices[1:].tolist())
-                if cfg.min_confidence > 0:
-                    prob = torch.softmax(logits, dim=-1)[top.indices[0]]
-                    if float(prob) < cfg.min_confidence:
-                        break
-                token = top.indices[:1].view(1, 1)
+                    top = torch.topk(logits, cfg.siblings + 1)
+                    chain.append(int(top.indices[0]))
+                    siblings.append(top.indices[1:].tolist())
+                    if cfg.min_confidence > 0:
+                        prob = torch.softmax(logits, dim=-1)[top.indices[0]]
+                        if float(prob) < cfg.min_confidence:
+                            break
+                    token = top.indices[:1].view(1, 1)
         finally:
             crop_cache(state.cache, past, range(self.exit_layer))
         return chain_with_siblings(chain, siblings if cfg.siblings else None)

@@ -28,12 +28,14 @@ and M what the model tree alone gets accepted. The fit has a step too: a greedy 
 so each `s * n` above reads `s * n + h * [n > STEP_NODES]`, with h fitted with s (two-regressor running least
 squares; h = 0 where all rounds fall on one side). Without the step a linear fit over 2- to 24-node rounds priced a
 3-node model chain and a 7-node fused tree alike, and the switch fused trees where the model chain alone was faster
-(Spec-Bench math_reasoning and translation, session 12: hybrid 0.86-0.87x model-only). In model-only rounds R is what the retrieval tree would have had
-accepted by the committed tokens (exact under greedy verification), and G = max(R, M) - R as the fused tree
-would have had (R is not updated when the retrieval tree matched all of them). After `explore_every` rounds
-that did not run both, both run once; so does a round whose match bucket has no R yet, or whose last dropped
-retrieval tree there was censored (an unmeasured bucket reads R = 0, so its retrieval tree would be dropped for
-good: on a summarization prompt matches of 5-8 tokens were, tau 7.5 against retrieval alone's 10.7).
+(Spec-Bench math_reasoning and translation, session 12: hybrid 0.86-0.87x model-only).
+
+In model-only rounds R is what the retrieval tree would have had accepted by the committed tokens (exact under
+greedy verification), and G = max(R, M) - R as the fused tree would have had (R is not updated when the retrieval
+tree matched all of them). After `explore_every` rounds that did not run both, both run once; so does a round whose
+match bucket has no R yet, or whose last dropped retrieval tree there was censored (an unmeasured bucket reads R =
+0, so its retrieval tree would be dropped for good: on a summarization prompt matches of 5-8 tokens were, tau 7.5
+against retrieval alone's 10.7).
 """
 
 from __future__ import annotations
