@@ -24,6 +24,7 @@ import torch
 from transformers import LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from hf_spec.kernels.grouped_attention import grouped_attention
 from hf_spec.kernels.screened_head import screened_lm_head, screening_applies
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
 from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
@@ -172,73 +173,75 @@ def speculative_generate(
             state.hidden_states = out.hidden_states[-1]
     stats.time_prefill = time.perf_counter() - t0
 
-    drafter.begin(state)
-    finished = False
-    try:
-        while not finished:
-            t0 = time.perf_counter()
-            room = generation_config.max_length - state.seq_len  # tokens we may still commit
-            tree = drafter.propose(state, max_depth=max(room - 1, 0)).truncate_depth(max(room - 1, 0))
-            t1 = time.perf_counter()
+    # few-row attention without repeat_kv copies (prefill and one-row steps keep sdpa)
+    with grouped_attention(model):
+        drafter.begin(state)
+        finished = False
+        try:
+            while not finished:
+                t0 = time.perf_counter()
+                room = generation_config.max_length - state.seq_len  # tokens we may still commit
+                tree = drafter.propose(state, max_depth=max(room - 1, 0)).truncate_depth(max(room - 1, 0))
+                t1 = time.perf_counter()
 
-            past = state.seq_len - 1
-            verify_ids = torch.cat(
-                [input_ids[:, -1:], tree.tokens.view(1, -1).to(device)], dim=1
-            )  # [root] + tree
-            if tree.is_chain:  # plain causal attention (an empty tree is a chain)
-                position_ids = torch.arange(past, past + verify_ids.shape[1], device=device).unsqueeze(0)
-                mask = None
-            else:
-                position_ids = tree_position_ids(tree, past, device)
-                mask = tree_attention_mask(tree, past, model.dtype, device)
-            # the stock full target forward, unless the drafter continues one it began (HiSpec)
-            with screened_lm_head(model, enabled=screen and len(tree) > 0):
-                out = drafter.verify_forward(state, tree, verify_ids, position_ids, mask, want_hidden)
-            logits = out.logits[0].float()  # [num_nodes + 1, vocab_size]
-            t2 = time.perf_counter()
+                past = state.seq_len - 1
+                verify_ids = torch.cat(
+                    [input_ids[:, -1:], tree.tokens.view(1, -1).to(device)], dim=1
+                )  # [root] + tree
+                if tree.is_chain:  # plain causal attention (an empty tree is a chain)
+                    position_ids = torch.arange(past, past + verify_ids.shape[1], device=device).unsqueeze(0)
+                    mask = None
+                else:
+                    position_ids = tree_position_ids(tree, past, device)
+                    mask = tree_attention_mask(tree, past, model.dtype, device)
+                # the stock full target forward, unless the drafter continues one it began (HiSpec)
+                with screened_lm_head(model, enabled=screen and len(tree) > 0):
+                    out = drafter.verify_forward(state, tree, verify_ids, position_ids, mask, want_hidden)
+                logits = out.logits[0].float()  # [num_nodes + 1, vocab_size]
+                t2 = time.perf_counter()
 
-            score_row = _scorer(logits, input_ids, tree, logits_processor)
-            if do_sample:
-                acc: Acceptance = accept_sampling(tree, score_row, generator)
-            else:
-                acc = accept_greedy(tree, score_row)
-            tokens = tree.tokens.tolist()
-            proposed = [tokens[i] for i in acc.accepted] + [acc.bonus]
-            new_tokens: list[int] = []
-            for j, tok in enumerate(proposed):
-                input_ids = torch.cat([input_ids, torch.tensor([[tok]], device=device)], dim=1)
-                new_tokens.append(tok)
-                if bool(stopping_criteria(input_ids, acc.scores[j][None]).all()):
-                    finished = True
-                    break
-            state.input_ids = input_ids
-            keep = [0] + [i + 1 for i in acc.accepted]
-            compact_cache(cache, past, keep)
-            if out_scores:
-                scores_out.extend(s[None].clone() for s in acc.scores[: len(new_tokens)])
-            if out_logits:
-                logits_out.extend(logits[k][None].clone() for k in keep[: len(new_tokens)])
+                score_row = _scorer(logits, input_ids, tree, logits_processor)
+                if do_sample:
+                    acc: Acceptance = accept_sampling(tree, score_row, generator)
+                else:
+                    acc = accept_greedy(tree, score_row)
+                tokens = tree.tokens.tolist()
+                proposed = [tokens[i] for i in acc.accepted] + [acc.bonus]
+                new_tokens: list[int] = []
+                for j, tok in enumerate(proposed):
+                    input_ids = torch.cat([input_ids, torch.tensor([[tok]], device=device)], dim=1)
+                    new_tokens.append(tok)
+                    if bool(stopping_criteria(input_ids, acc.scores[j][None]).all()):
+                        finished = True
+                        break
+                state.input_ids = input_ids
+                keep = [0] + [i + 1 for i in acc.accepted]
+                compact_cache(cache, past, keep)
+                if out_scores:
+                    scores_out.extend(s[None].clone() for s in acc.scores[: len(new_tokens)])
+                if out_logits:
+                    logits_out.extend(logits[k][None].clone() for k in keep[: len(new_tokens)])
+                if streamer is not None:
+                    streamer.put(torch.tensor(new_tokens))
+
+                stats.target_forwards += 1
+                stats.new_tokens += len(new_tokens)
+                stats.draft_tokens += len(tree)
+                stats.accepted_tokens += len(acc.accepted)
+                stats.record_round(int(tree.depth.max()) if len(tree) else 0, len(acc.accepted))
+                if not finished:
+                    hidden = out.hidden_states[-1][:, keep] if want_hidden else None
+                    state.hidden_states = hidden
+                    preds = logits.argmax(-1) if drafter.requires_target_predictions else None
+                    drafter.observe(state, RoundResult(tree, acc.accepted, new_tokens, hidden, preds))
+                t3 = time.perf_counter()
+                stats.time_draft += t1 - t0
+                stats.time_verify += t2 - t1
+                stats.time_other += t3 - t2
+        finally:
+            drafter.end(state)
             if streamer is not None:
-                streamer.put(torch.tensor(new_tokens))
-
-            stats.target_forwards += 1
-            stats.new_tokens += len(new_tokens)
-            stats.draft_tokens += len(tree)
-            stats.accepted_tokens += len(acc.accepted)
-            stats.record_round(int(tree.depth.max()) if len(tree) else 0, len(acc.accepted))
-            if not finished:
-                hidden = out.hidden_states[-1][:, keep] if want_hidden else None
-                state.hidden_states = hidden
-                preds = logits.argmax(-1) if drafter.requires_target_predictions else None
-                drafter.observe(state, RoundResult(tree, acc.accepted, new_tokens, hidden, preds))
-            t3 = time.perf_counter()
-            stats.time_draft += t1 - t0
-            stats.time_verify += t2 - t1
-            stats.time_other += t3 - t2
-    finally:
-        drafter.end(state)
-        if streamer is not None:
-            streamer.end()
+                streamer.end()
 
     if generation_config.return_dict_in_generate:
         return SpecDecodeOutput(

@@ -1,0 +1,96 @@
+"""Few-row grouped-query attention (`hf_spec.kernels.grouped_attention`) against transformers' `sdpa`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from hf_spec import SpeculativeDecoder
+from hf_spec.kernels import grouped_attention as ga
+from hf_spec.tree.buffers import DraftTree, tree_attention_mask
+from tests.conftest import prompt_ids
+
+
+class _Module(torch.nn.Module):
+    def __init__(self, groups: int) -> None:
+        super().__init__()
+        self.num_key_value_groups = groups
+        self.is_causal = True
+
+
+def _inputs(heads: int, kv_heads: int, rows: int, kv_len: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, heads, rows, 16, generator=g)
+    k = torch.randn(1, kv_heads, kv_len, 16, generator=g)
+    v = torch.randn(1, kv_heads, kv_len, 16, generator=g)
+    return q, k, v
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2), (14, 2)])
+@pytest.mark.parametrize("rows", [2, 5])
+def test_equals_sdpa_with_causal_and_tree_masks(heads, kv_heads, rows):
+    kv_len = 30
+    q, k, v = _inputs(heads, kv_heads, rows, kv_len, seed=rows)
+    module = _Module(heads // kv_heads)
+    causal = torch.ones(rows, kv_len, dtype=torch.bool).tril(kv_len - rows)[None, None]  # bool: True attends
+    tree = DraftTree(torch.arange(rows - 1), torch.tensor([-1, 0, 0, 2][: rows - 1]))
+    additive = tree_attention_mask(tree, kv_len - rows, torch.float32)  # a tree under the root: -inf off-path
+    assert additive.shape == (1, 1, rows, kv_len)
+    for mask in (causal, additive):
+        with torch.no_grad():
+            ref, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=0.25)
+            out, _ = ga.grouped_attention_forward(module, q, k, v, mask, scaling=0.25)
+        assert out.shape == ref.shape == (1, rows, heads, 16)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_other_calls_go_to_sdpa(monkeypatch):
+    """One row, no mask, grad, dropout and an extra bias all take transformers' own path."""
+    calls = []
+    monkeypatch.setattr(ga, "sdpa_attention_forward", lambda *a, **kw: calls.append(1) or (None, None))
+    q, k, v = _inputs(4, 2, 3, 10)
+    mask = torch.ones(1, 1, 3, 10, dtype=torch.bool)
+    module = _Module(2)
+    with torch.no_grad():
+        ga.grouped_attention_forward(module, q[:, :, :1], k, v, mask[:, :, :1])
+        ga.grouped_attention_forward(module, q, k, v, None)
+        ga.grouped_attention_forward(module, q, k, v, mask, dropout=0.1)
+        ga.grouped_attention_forward(module, q, k, v, mask, position_bias=torch.zeros(1, 4, 3, 10))
+        ga.grouped_attention_forward(module, q, k, v, mask[..., :9])  # a mask that is not the cache's length
+    with torch.enable_grad():
+        ga.grouped_attention_forward(module, q, k, v, mask)
+    assert len(calls) == 6
+    with torch.no_grad():
+        ga.grouped_attention_forward(module, q, k, v, mask)
+    assert len(calls) == 6
+
+
+def test_decoding_runs_it_and_restores_the_config(tiny_model, monkeypatch):
+    """hf-spec's loop verifies through it (tiny GQA targets run sdpa), with output equal to `generate`'s; the
+    config reads `sdpa` again afterwards, also after an error; `HF_SPEC_GROUPED_ATTENTION=0` turns it off."""
+    rows = []
+    real = ga.grouped_attention_forward
+
+    def spy(module, query, *args, **kwargs):
+        rows.append(query.shape[2])
+        return real(module, query, *args, **kwargs)
+
+    monkeypatch.setattr(ga, "grouped_attention_forward", spy)
+    monkeypatch.setitem(ga.AttentionInterface._global_mapping, ga.NAME, spy)
+    ids = prompt_ids(12, seed=3)
+    ref = tiny_model.generate(ids, max_new_tokens=24, do_sample=False)
+    assert not rows  # plain generate never sees it
+    out = tiny_model.generate(ids, max_new_tokens=24, do_sample=False, custom_generate=SpeculativeDecoder("pld"))
+    assert torch.equal(out, ref)
+    assert max(rows) >= 2 and tiny_model.config._attn_implementation == "sdpa"
+
+    with pytest.raises(RuntimeError, match="boom"), ga.grouped_attention(tiny_model):
+        assert tiny_model.config._attn_implementation == ga.NAME
+        raise RuntimeError("boom")
+    assert tiny_model.config._attn_implementation == "sdpa"
+
+    monkeypatch.setenv("HF_SPEC_GROUPED_ATTENTION", "0")
+    rows.clear()
+    out = tiny_model.generate(ids, max_new_tokens=24, do_sample=False, custom_generate=SpeculativeDecoder("pld"))
+    assert torch.equal(out, ref) and not rows
