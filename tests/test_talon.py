@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 import torch
 from transformers import DynamicCache
@@ -66,6 +67,8 @@ def test_greedy_equals_generate(tiny_model, store_dir, seed=1):
         talon(path, switch="cost", switch_cost=0.5, explore_every=2),
         talon(path, switch="best", explore_every=2),
         talon(path, switch="best", drafter="pld"),
+        talon(path, switch="best", extend_tokens=3, extend_min_match=2),
+        talon(path, drafter="pld", extend_tokens=4, extend_min_match=1),
         TalonConfig(retrieval=None, drafter="early-exit:2"),
     ]
     for config in configs:
@@ -123,6 +126,37 @@ def test_long_matches_draft_deeper(tiny_llama, store_dir):
     assert int(deep.propose(context, max_depth=4)[0].depth.max()) == 4
     short, match = deep.propose(doc[20:25], max_depth=100)  # a 5-token context: at most a 5-token match
     assert match < 10 and int(short.depth.max()) <= 6
+
+
+def test_continuation_follows_the_context_and_the_draft(tiny_llama, store_dir):
+    """`Retriever.continuation`: the datastore's continuation of (context + drafted tokens), matched over at least
+    `min_match` tokens; the drafted tokens are searched for, never searched in."""
+    path = tiny_datastore(tiny_llama, store_dir / "continue", seeds=(41,), length=60)
+    doc = tiny_llama.generate(prompt_ids(8, seed=41), max_new_tokens=60, do_sample=False)[0].numpy()
+    retriever = Retriever(RetrievalConfig(datastore_path=path, search_context=False), tiny_llama)
+    context, draft = doc[:30], doc[30:32].tolist()
+    assert retriever.continuation(context, draft, 5, min_match=4) == doc[32:37].tolist()
+    assert retriever.continuation(context, draft, 0, min_match=1) == []
+    assert retriever.continuation(context[-2:], draft, 5, min_match=10) == []  # a 4-token query: too short
+    own = Retriever(RetrievalConfig(search_context=True), tiny_llama)  # no datastore: the prompt lookup only
+    text = np.array([4, 5, 6, 7, 8, 9, 1, 2, 3, 5, 6])
+    assert own.continuation(text, [7], 3, min_match=3) == [8, 9, 1]  # "5 6 7" occurs in the text, then 8 9 1
+    assert own.continuation(text, [9], 3, min_match=2) == []  # "6 9" does not
+
+
+def test_extension_goes_behind_the_model_path_and_stays_out_of_the_drafter(tiny_llama, store_dir):
+    """The extension hangs under the model tree's first-child path; the model drafter observes its own nodes."""
+    path = tiny_datastore(tiny_llama, store_dir / "extend", seeds=(51,), length=60)
+    doc = tiny_llama.generate(prompt_ids(8, seed=51), max_new_tokens=60, do_sample=False)[0]
+    drafter = TalonDrafter(talon(path, drafter="pld", extend_tokens=3, extend_min_match=3), tiny_llama)
+    state = type("S", (), {"input_ids": doc[None, :30]})()
+    model_tree = DraftTree(doc[30:33].clone(), torch.tensor([-1, 0, -1]))  # path 30, 31; a sibling root child
+    model_tree.tokens[2] = int(doc[30]) + 1
+    extended = drafter._extended(state, model_tree, max_depth=10)
+    assert extended.tokens[:3].tolist() == model_tree.tokens.tolist()
+    assert extended.tokens[3:].tolist() == doc[32:35].tolist() and extended.parents[3:].tolist() == [1, 3, 4]
+    assert drafter.rounds["extended"] == 1
+    assert drafter._extended(state, model_tree, max_depth=2) is model_tree  # no depth left behind the path
 
 
 def test_async_output_equals_sync_output(tiny_llama, store_dir):
@@ -286,6 +320,13 @@ def test_bad_configs_are_clear_errors(tiny_llama):
         TalonConfig(switch="learned")
 
 
+class ShallowSampledDrafter(SampledTreeDrafter):
+    """One level of sampled root children (3 new tokens leave no depth behind a 2-level tree to extend)."""
+
+    def propose(self, state, max_depth: int) -> DraftTree:
+        return super().propose(state, min(max_depth, 1))
+
+
 @pytest.mark.parametrize("async_mode", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_fused_tree_sampling_matches_plain_sampling(tmp_path, async_mode):
     """A sampled model tree (reporting q) fused with a deterministic retrieval tree that often proposes the same
@@ -310,11 +351,16 @@ def test_fused_tree_sampling_matches_plain_sampling(tmp_path, async_mode):
             TalonConfig(retrieval=retrieval, drafter="early-exit:1", mode="async", adaptive=False), target
         )
     else:
-        drafter = TalonDrafter(TalonConfig(retrieval=retrieval, drafter="pld", adaptive=False), target)
-        drafter.sub = SampledTreeDrafter(target, draft, width=2)  # any drafter that reports its q
+        # retrieval also continues the model's first path (`extend_tokens`): deterministic nodes behind sampled ones
+        config = TalonConfig(
+            retrieval=retrieval, drafter="pld", adaptive=False, extend_tokens=2, extend_min_match=2
+        )
+        drafter = TalonDrafter(config, target)
+        drafter.sub = ShallowSampledDrafter(target, draft, width=2)  # any drafter that reports its q
     pvalues, accepted = sampled_marginals_pvalues(
         target, lambda: SpeculativeDecoder(drafter), n=800, seed=2025
     )
     assert accepted > 800 * 0.3
     assert min(pvalues) > 1e-3, pvalues
+    assert async_mode or drafter.rounds["extended"] > 0
     assert not leaked()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from hf_spec.datastore import Datastore, DatastoreRecipe, Matches, get_datastore, scan_search
+from hf_spec.datastore.index import SEP
 from hf_spec.methods.retrieval.config import RetrievalConfig
 from hf_spec.tree.buffers import DraftTree
 from hf_spec.tree.trie import retrieval_tree
@@ -36,7 +37,11 @@ class Retriever:
                 _LOADED[key] = self.datastore
         self.last_match = 0  # longest match length of the latest search
 
-    def matches(self, context: np.ndarray, depth: int) -> list[tuple[Matches, float]]:
+    def matches(
+        self, context: np.ndarray, depth: int, text: np.ndarray | None = None
+    ) -> list[tuple[Matches, float]]:
+        """Matches of `context`'s suffix in the datastore and (`search_context`) in `text` (default: `context`
+        itself), each with its source weight."""
         cfg = self.config
         found = []
         if self.datastore.num_tokens:
@@ -47,10 +52,27 @@ class Retriever:
                 )
             )
         if cfg.search_context:
-            found.append(
-                (scan_search(context, context, cfg.max_match, depth, cfg.min_match), cfg.context_weight)
-            )
+            own = context if text is None else text
+            found.append((scan_search(own, context, cfg.max_match, depth, cfg.min_match), cfg.context_weight))
         return [(m, w) for m, w in found if m.length > 0 and len(m.counts)]
+
+    def continuation(self, context: np.ndarray, draft: list[int], depth: int, min_match: int) -> list[int]:
+        """The most likely `depth`-token continuation of `context` `(seq_len,)` followed by the drafted tokens
+        `draft`, from suffix matches of at least `min_match` tokens (the committed `context` is the searched text,
+        never the drafted tokens); `[]` when nothing matches that long."""
+        if depth <= 0:
+            return []
+        query = np.concatenate([context, np.asarray(draft, dtype=context.dtype)])
+        best, best_weight = [], 0.0
+        for m, w in self.matches(query, depth, text=context):
+            if m.length < min_match:
+                continue
+            share = w * m.length * m.counts / m.counts.sum()
+            i = int(share.argmax())
+            if share[i] > best_weight:
+                row = m.sequences[i]
+                best, best_weight = [int(t) for t in row[row != SEP]], float(share[i])
+        return best
 
     def propose(self, context: np.ndarray, max_depth: int) -> tuple[DraftTree, int]:
         """A retrieval tree of at most `max_depth` levels for `context` `(seq_len,)` and the longest match length.

@@ -63,7 +63,14 @@ class TalonConfig(MethodConfig):
         default=False, metadata={"help": "async: pre-verify the retrieval tree while the model drafts"}
     )
 
+    extend_tokens: int = field(default=0, metadata={"help": "retrieval tokens behind the model's path"})
+    extend_min_match: int = field(default=3, metadata={"help": "suffix match length the extension needs"})
+
     def __post_init__(self) -> None:
+        if self.extend_tokens < 0 or self.extend_min_match < 1:
+            raise ValueError("talon: extend_tokens must be >= 0 and extend_min_match >= 1")
+        if self.extend_tokens and self.retrieval is None:
+            raise ValueError("talon: extend_tokens needs the retrieval half (retrieval is null)")
         if self.mode not in ("sync", "async"):
             raise ValueError(f"talon: mode must be 'sync' or 'async', got {self.mode!r}")
         if self.switch not in ("match", "cost", "best"):

@@ -85,10 +85,12 @@ class TalonDrafter(Drafter):
             "ahead_dropped": 0,
             "chain_full": 0,
             "pre_verified": 0,
+            "extended": 0,
         }
         self._pre: tuple[PreVerified, DraftTree, list[int]] | None = None  # (pre-verified, fused tree, map)
         self._chain_rate = 1.0  # running rate of fully accepted model chains (async switch)
         self._last_chain: list[int] = []
+        self._own_nodes = 0  # nodes of the latest model tree the model drafted (the rest: retrieval's extension)
 
     # ---- lifecycle ---------------------------------------------------------------------------------
     def begin(self, state: SpecState) -> None:
@@ -157,7 +159,7 @@ class TalonDrafter(Drafter):
             self.rounds["model_only"] += not len(ret_tree) and len(retrieved) > 0
             if ahead and len(model_tree):
                 block = self.config.draft_ahead or self.chain_len
-                n = len(model_tree) + 1 + block  # the chain, the guessed bonus, then the next block
+                n = self._own_nodes + 1 + block  # the chain, the guessed bonus, then the next block
                 self.worker.submit(lambda stop: self.chain.draft(n, stop))
         return fused
 
@@ -190,9 +192,35 @@ class TalonDrafter(Drafter):
     def _model_tree(self, state: SpecState, max_depth: int) -> DraftTree:
         start = time.perf_counter()
         tree = self._draft_model_tree(state, max_depth)
+        self._own_nodes = len(tree)
+        if self.config.extend_tokens and len(tree):
+            tree = self._extended(state, tree, max_depth)
         if self.switch is not None:
             self.switch.model_drafted(time.perf_counter() - start)
         return tree
+
+    def _extended(self, state: SpecState, tree: DraftTree, max_depth: int) -> DraftTree:
+        """`tree` with a retrieval continuation behind its first-child path (the model's most likely draft); the
+        continuation's nodes come after all of `tree`'s."""
+        children, node, path = tree.children, -1, []
+        while children[node + 1]:
+            node = children[node + 1][0]
+            path.append(node)
+        more = self.retriever.continuation(
+            state.input_ids[0].cpu().numpy(),
+            tree.tokens[path].tolist(),
+            min(self.config.extend_tokens, max_depth - len(path)),
+            self.config.extend_min_match,
+        )
+        if not more:
+            return tree
+        self.rounds["extended"] += 1
+        n = len(tree)
+        parents = torch.cat([tree.parents, torch.tensor([node, *range(n, n + len(more) - 1)])])
+        probs = tree.draft_probs
+        if probs is not None:  # retrieved tokens are deterministic proposals: zero rows
+            probs = torch.cat([probs, probs.new_zeros(len(more), probs.shape[1])])
+        return DraftTree(torch.cat([tree.tokens, torch.tensor(more)]), parents, probs)
 
     def _draft_model_tree(self, state: SpecState, max_depth: int) -> DraftTree:
         if self.sub is not None:
@@ -231,6 +259,11 @@ class TalonDrafter(Drafter):
                 used_retrieval=used_retrieval,
                 retrieval_censored=censored,
             )
+        own = min(self._own_nodes, len(model_tree))
+        if own < len(model_tree):  # the model drafter sees its own nodes only, not the retrieval extension
+            kept = model_tree.draft_probs[:own] if model_tree.draft_probs is not None else None
+            model_tree = DraftTree(model_tree.tokens[:own], model_tree.parents[:own], kept)
+            accepted = accepted[: next((k for k, i in enumerate(accepted) if i >= own), len(accepted))]
         if self._last_chain and self.chain is not None and len(model_tree):
             full = len(accepted) == len(model_tree)
             self.rounds["chain_full"] += int(full)
