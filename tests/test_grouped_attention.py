@@ -81,7 +81,9 @@ def test_decoding_runs_it_and_restores_the_config(tiny_model, monkeypatch):
     ids = prompt_ids(12, seed=3)
     ref = tiny_model.generate(ids, max_new_tokens=24, do_sample=False)
     assert not rows  # plain generate never sees it
-    out = tiny_model.generate(ids, max_new_tokens=24, do_sample=False, custom_generate=SpeculativeDecoder("pld"))
+    out = tiny_model.generate(
+        ids, max_new_tokens=24, do_sample=False, custom_generate=SpeculativeDecoder("pld")
+    )
     assert torch.equal(out, ref)
     assert max(rows) >= 2 and tiny_model.config._attn_implementation == "sdpa"
 
@@ -92,5 +94,7 @@ def test_decoding_runs_it_and_restores_the_config(tiny_model, monkeypatch):
 
     monkeypatch.setenv("HF_SPEC_GROUPED_ATTENTION", "0")
     rows.clear()
-    out = tiny_model.generate(ids, max_new_tokens=24, do_sample=False, custom_generate=SpeculativeDecoder("pld"))
+    out = tiny_model.generate(
+        ids, max_new_tokens=24, do_sample=False, custom_generate=SpeculativeDecoder("pld")
+    )
     assert torch.equal(out, ref) and not rows
