@@ -90,9 +90,8 @@ class TalonDrafter(Drafter):
         self._pre: tuple[PreVerified, DraftTree, list[int]] | None = None  # (pre-verified, fused tree, map)
         self._chain_rate = 1.0  # running rate of fully accepted model chains (async switch)
         self._last_chain: list[int] = []
-        self._own_nodes = (
-            0  # nodes of the latest model tree the model drafted (the rest: retrieval's extension)
-        )
+        # nodes of the latest model tree that the model drafted (the rest: retrieval's extension)
+        self._own_nodes = 0
 
     # ---- lifecycle ---------------------------------------------------------------------------------
     def begin(self, state: SpecState) -> None:
