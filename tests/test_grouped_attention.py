@@ -98,3 +98,18 @@ def test_decoding_runs_it_and_restores_the_config(tiny_model, monkeypatch):
         ids, max_new_tokens=24, do_sample=False, custom_generate=SpeculativeDecoder("pld")
     )
     assert torch.equal(out, ref) and not rows
+
+
+def test_bfloat16_inputs_keep_fp32_scores():
+    """bf16 query/key/value: scores and softmax in fp32, so the output is the fp32 result rounded once."""
+    q, k, v = _inputs(6, 2, 4, 40, seed=7)
+    mask = torch.ones(4, 40, dtype=torch.bool).tril(36)[None, None]
+    module = _Module(3)
+    with torch.no_grad():
+        ref, _ = sdpa_attention_forward(module, q, k, v, mask)
+        half = [t.bfloat16() for t in (q, k, v)]
+        exact, _ = sdpa_attention_forward(module, *[t.float() for t in half], mask)
+        out, _ = ga.grouped_attention_forward(module, *half, mask)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), exact, rtol=2**-7, atol=2**-8)  # one bf16 rounding
+    assert float((out.float() - ref).abs().max()) < 0.05

@@ -79,15 +79,15 @@ def grouped_attention_forward(
     groups = heads // kv_heads
     mask = attention_mask[0, 0]  # (rows, kv_len)
     if mask.dtype == torch.bool:
-        mask = torch.zeros(mask.shape, dtype=query.dtype).masked_fill_(~mask, float("-inf"))
-    else:
-        mask = mask.to(query.dtype)
+        mask = torch.zeros(mask.shape).masked_fill_(~mask, float("-inf"))
+    # fp32 scores and softmax, as torch's flash kernel keeps them, also for bf16/fp16 models
+    mask, q, k, v = mask.float(), query[0].float(), key[0].float(), value[0].float()
     scale = dim**-0.5 if scaling is None else scaling
-    q = query[0].reshape(kv_heads, groups * rows, dim)  # each KV head's query heads, rows inner
+    q = q.reshape(kv_heads, groups * rows, dim)  # each KV head's query heads, rows inner
     bias = mask.expand(kv_heads, groups, rows, kv_len).reshape(kv_heads, groups * rows, kv_len)
-    scores = torch.baddbmm(bias, q, key[0].transpose(1, 2), alpha=scale)  # (kv_heads, groups * rows, kv_len)
-    out = torch.bmm(torch.softmax(scores, dim=-1), value[0])  # (kv_heads, groups * rows, dim_v)
-    return out.view(1, heads, rows, dim_v).transpose(1, 2).contiguous(), None
+    scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=scale)  # (kv_heads, groups * rows, kv_len)
+    out = torch.bmm(torch.softmax(scores, dim=-1), v)  # (kv_heads, groups * rows, dim_v)
+    return out.view(1, heads, rows, dim_v).transpose(1, 2).to(query.dtype).contiguous(), None
 
 
 AttentionInterface.register(NAME, grouped_attention_forward)
