@@ -69,6 +69,7 @@ def test_greedy_equals_generate(tiny_model, store_dir, seed=1):
         talon(path, switch="best", drafter="pld"),
         talon(path, switch="best", extend_tokens=3, extend_min_match=2),
         talon(path, drafter="pld", extend_tokens=4, extend_min_match=1),
+        talon(path, switch="best", explore_every=1, both_nodes=2),
         TalonConfig(retrieval=None, drafter="early-exit:2"),
     ]
     for config in configs:
@@ -123,6 +124,9 @@ def test_long_matches_draft_deeper(tiny_llama, store_dir):
         node = int(tree.parents[node])
     assert path[::-1] == doc[30:46].tolist()  # the document's own continuation
     assert int(plain.propose(context, max_depth=100)[0].depth.max()) == 6
+    assert len(deep.propose(context, max_depth=100, max_nodes=3)[0]) == len(tree)  # a long match keeps its budget
+    small, _ = plain.propose(doc[20:28], max_depth=100, max_nodes=3)  # an 8-token match: capped at 3 nodes
+    assert 0 < len(small) <= 3 and small.tokens[0] == doc[28]
     assert int(deep.propose(context, max_depth=4)[0].depth.max()) == 4
     short, match = deep.propose(doc[20:25], max_depth=100)  # a 5-token context: at most a 5-token match
     assert match < 10 and int(short.depth.max()) <= 6
@@ -318,6 +322,10 @@ def test_bad_configs_are_clear_errors(tiny_llama):
         RetrievalConfig(long_match=8, long_draft_tokens=4)
     with pytest.raises(ValueError, match="switch must be 'match', 'cost' or 'best'"):
         TalonConfig(switch="learned")
+    with pytest.raises(ValueError, match="extend_tokens needs the retrieval half"):
+        TalonConfig(retrieval=None, drafter="early-exit:2", extend_tokens=2)
+    with pytest.raises(ValueError, match="both_nodes must be >= 0"):
+        TalonConfig(both_nodes=-1)
 
 
 class ShallowSampledDrafter(SampledTreeDrafter):

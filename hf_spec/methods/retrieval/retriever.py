@@ -74,11 +74,12 @@ class Retriever:
                 best, best_weight = [int(t) for t in row[row != SEP]], float(share[i])
         return best
 
-    def propose(self, context: np.ndarray, max_depth: int) -> tuple[DraftTree, int]:
+    def propose(self, context: np.ndarray, max_depth: int, max_nodes: int = 0) -> tuple[DraftTree, int]:
         """A retrieval tree of at most `max_depth` levels for `context` `(seq_len,)` and the longest match length.
 
         The tree is `num_draft_tokens` deep with `max_nodes` (strong match) or `weak_nodes`; a match of
-        `long_match` tokens or more earns `long_draft_tokens` and `long_nodes`.
+        `long_match` tokens or more earns `long_draft_tokens` and `long_nodes`. A `max_nodes` argument > 0 caps
+        the nodes of a tree that is not a long match's (the least frequent subtrees go first).
         """
         cfg = self.config
         depth = min(cfg.num_draft_tokens, max_depth)
@@ -94,6 +95,7 @@ class Retriever:
             budget, keep = cfg.long_nodes, long_depth
         else:
             budget, keep = (cfg.max_nodes if longest >= cfg.strong_match else cfg.weak_nodes), depth
+            budget = min(budget, max_nodes) if max_nodes > 0 else budget
         sequences, weights = [], []
         for m, w in found:
             # each source's occurrences share one unit of weight, scaled by its match length

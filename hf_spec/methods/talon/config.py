@@ -39,6 +39,13 @@ class TalonConfig(MethodConfig):
             the retrieval tree on the worker thread while the model drafter drafts; the round's verification
             forward then computes only the model's nodes the retrieval tree did not have (hf-spec's loop only;
             transformers' assisted loop falls back to sync rounds).
+        extend_tokens: retrieval continues the model's draft: up to this many tokens found by a suffix match of the
+            context followed by the model tree's first-child path are appended behind that path (0: off). The
+            model starts a phrase the retrieval tree did not see coming; the datastore or the prompt may know how
+            it goes on.
+        extend_min_match: the extension's suffix match must be at least this long (it then spans drafted tokens).
+        both_nodes: `switch: best`, rounds that verify both halves: the retrieval tree is cut to this many nodes
+            (its least frequent subtrees first; long matches keep theirs), so the fused tree stays small (0: off).
     """
 
     method = "talon"
@@ -65,10 +72,13 @@ class TalonConfig(MethodConfig):
 
     extend_tokens: int = field(default=0, metadata={"help": "retrieval tokens behind the model's path"})
     extend_min_match: int = field(default=3, metadata={"help": "suffix match length the extension needs"})
+    both_nodes: int = field(default=0, metadata={"help": "best switch: retrieval nodes when fused (0: all)"})
 
     def __post_init__(self) -> None:
         if self.extend_tokens < 0 or self.extend_min_match < 1:
             raise ValueError("talon: extend_tokens must be >= 0 and extend_min_match >= 1")
+        if self.both_nodes < 0:
+            raise ValueError("talon: both_nodes must be >= 0")
         if self.extend_tokens and self.retrieval is None:
             raise ValueError("talon: extend_tokens needs the retrieval half (retrieval is null)")
         if self.mode not in ("sync", "async"):

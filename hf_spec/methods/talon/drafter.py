@@ -126,8 +126,9 @@ class TalonDrafter(Drafter):
         if self.switch is not None:
             self.switch.start_round()
         ret_tree, match = DraftTree.empty(), 0
+        ids = state.input_ids[0].cpu().numpy()
         if self.retriever is not None:
-            ret_tree, match = self.retriever.propose(state.input_ids[0].cpu().numpy(), max_depth)
+            ret_tree, match = self.retriever.propose(ids, max_depth)
         use_model = self.chain is not None or self.sub is not None
         retrieved = ret_tree  # kept for the switch, also when this round drops it
         if use_model and self.config.adaptive and self.retriever is not None:
@@ -135,6 +136,8 @@ class TalonDrafter(Drafter):
                 pick = self.switch.choose(match, len(ret_tree))
                 use_model = pick != "retrieval"
                 ret_tree = DraftTree.empty() if pick == "model" else ret_tree
+                if pick == "both" and 0 < self.config.both_nodes < len(ret_tree):
+                    ret_tree, _ = self.retriever.propose(ids, max_depth, max_nodes=self.config.both_nodes)
             elif self.switch is not None:
                 use_model = self.switch.use_model(match)
             else:
