@@ -108,6 +108,7 @@ def grouped_attention(model: nn.Module, enabled: bool = True) -> Iterator[None]:
         or grouped_attention_disabled()
         or config is None
         or getattr(config, "_attn_implementation", None) != "sdpa"
+        or getattr(config, "sub_configs", None)  # a composite model: its parts keep their own settings
         or next(model.parameters()).device.type != "cpu"
     ):
         yield
