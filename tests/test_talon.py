@@ -124,7 +124,9 @@ def test_long_matches_draft_deeper(tiny_llama, store_dir):
         node = int(tree.parents[node])
     assert path[::-1] == doc[30:46].tolist()  # the document's own continuation
     assert int(plain.propose(context, max_depth=100)[0].depth.max()) == 6
-    assert len(deep.propose(context, max_depth=100, max_nodes=3)[0]) == len(tree)  # a long match keeps its budget
+    assert len(deep.propose(context, max_depth=100, max_nodes=3)[0]) == len(
+        tree
+    )  # a long match keeps its budget
     small, _ = plain.propose(doc[20:28], max_depth=100, max_nodes=3)  # an 8-token match: capped at 3 nodes
     assert 0 < len(small) <= 3 and small.tokens[0] == doc[28]
     assert int(deep.propose(context, max_depth=4)[0].depth.max()) == 4
