@@ -67,7 +67,7 @@ class Retriever:
         for m, w in self.matches(query, depth, text=context):
             if m.length < min_match:
                 continue
-            share = w * m.length * m.counts / m.counts.sum()
+            share = _shares(m, w)
             i = int(share.argmax())
             if share[i] > best_weight:
                 row = m.sequences[i]
@@ -98,8 +98,7 @@ class Retriever:
             budget = min(budget, max_nodes) if max_nodes > 0 else budget
         sequences, weights = [], []
         for m, w in found:
-            # each source's occurrences share one unit of weight, scaled by its match length
-            share = w * m.length * m.counts / m.counts.sum()
+            share = _shares(m, w)
             sequences.extend(m.sequences[:, :keep].tolist())
             weights.extend(share.tolist())
         tree, _ = retrieval_tree(sequences, weights, budget)
@@ -109,6 +108,12 @@ class Retriever:
     def finish(self, tokens: np.ndarray) -> None:
         if self.config.grow_online:
             self.datastore.add(tokens)
+
+
+def _shares(m: Matches, weight: float) -> np.ndarray:
+    """Each continuation's weight `(k,)`: a source's occurrences share one unit of `weight`, scaled by its match
+    length."""
+    return weight * m.length * m.counts / m.counts.sum()
 
 
 def _tokenizer_of(model):
