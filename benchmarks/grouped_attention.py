@@ -11,7 +11,6 @@ Options: --target (default qwen2.5-coder-0.5b-instruct), --threads (2), --prompt
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -96,18 +95,12 @@ def forward(model, repeats: int = 12) -> None:
 
 def generate(model, tokenizer, method: str, prompts: str, new: int) -> None:
     from hf_spec import SpeculativeDecoder
-    from hf_spec.bench.runner import encode_chat
+    from hf_spec.bench.runner import encode_chat, load_prompts
 
-    seen, chosen = set(), []
-    for line in open(prompts):
-        d = json.loads(line)
-        if d["category"] not in seen:
-            seen.add(d["category"])
-            chosen.append(d)
     decoder = SpeculativeDecoder(method, tokenizer=tokenizer)
     total = {"0": 0.0, "1": 0.0}
-    for i, d in enumerate(chosen):
-        ids = encode_chat(tokenizer, [{"role": "user", "content": d["turns"][0]}])
+    for i, p in enumerate(load_prompts(prompts, per_category=1)):
+        ids = encode_chat(tokenizer, [{"role": "user", "content": p.turns[0]}])
         if i == 0:
             model.generate(ids, max_new_tokens=8, do_sample=False, custom_generate=decoder)  # warm-up
         outs = {}
@@ -118,7 +111,7 @@ def generate(model, tokenizer, method: str, prompts: str, new: int) -> None:
             total[flag] += time.perf_counter() - start
         same = torch.equal(outs["0"], outs["1"])
         print(
-            f"{d['category']}: {ids.shape[1]} prompt tokens, outputs {'equal' if same else 'DIFFER'}",
+            f"{p.category}: {ids.shape[1]} prompt tokens, outputs {'equal' if same else 'DIFFER'}",
             flush=True,
         )
     os.environ.pop("HF_SPEC_GROUPED_ATTENTION")
