@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import numbers
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 CONFIG_NAME = "hf_spec_config.json"
+
+# annotation -> accepted values (bools are not numbers here, though Python says they are ints)
+_FIELD_KINDS: dict[str, tuple[type, ...]] = {
+    "int": (numbers.Integral,),
+    "float": (numbers.Real,),
+    "bool": (bool,),
+    "str": (str,),
+}
 
 
 def read_config(path: str | os.PathLike) -> dict[str, Any]:
@@ -34,6 +43,21 @@ class MethodConfig:
 
     method: ClassVar[str] = ""
     main_arg: ClassVar[str | None] = None
+
+    def __post_init__(self) -> None:
+        """Check that every `int` / `float` / `bool` / `str` field holds one; subclasses that check ranges too
+        call this first."""
+        for f in dataclasses.fields(self):
+            kinds = _FIELD_KINDS.get(f.type if isinstance(f.type, str) else getattr(f.type, "__name__", ""))
+            value = getattr(self, f.name)
+            if kinds and (not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)):
+                raise TypeError(f"{self.method}: {f.name} must be {f.type}, got {value!r}")
+
+    def require_at_least(self, minimum: float, *names: str) -> None:
+        """Raise a `ValueError` naming the first field of `names` below `minimum`."""
+        for name in names:
+            if getattr(self, name) < minimum:
+                raise ValueError(f"{self.method}: {name} must be >= {minimum}, got {getattr(self, name)!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": self.method, **dataclasses.asdict(self)}
@@ -63,10 +87,14 @@ class MethodConfig:
 
     @classmethod
     def from_cli_arg(cls, arg: str | None) -> MethodConfig:
-        """`None` -> defaults; a path to a folder or `.json` -> loaded; anything else sets `main_arg`."""
+        """`None` -> defaults; a `.json` file or a folder holding `hf_spec_config.json` -> loaded; anything else
+        (a local model folder for `draft-model`, a datastore folder for `retrieval`) sets `main_arg`."""
         if arg is None or arg == "":
             return cls()
-        if arg.endswith(".json") or os.path.isdir(arg):
+        is_dir = os.path.isdir(arg)
+        if arg.endswith(".json") or (
+            is_dir and ((Path(arg) / CONFIG_NAME).is_file() or cls.main_arg is None)
+        ):
             return cls.from_pretrained(arg)
         if cls.main_arg is None:
             raise ValueError(f"method {cls.method!r} takes a config path, not {arg!r}")

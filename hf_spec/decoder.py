@@ -8,7 +8,13 @@ import torch
 from transformers import LogitsProcessorList, PreTrainedModel, StoppingCriteriaList, StopStringCriteria
 
 from hf_spec.config import MethodConfig
-from hf_spec.generate import SpecDecodeOutput, SpecStats, _streamer_from_generate_frame, speculative_generate
+from hf_spec.generate import (
+    SpecDecodeOutput,
+    SpecStats,
+    _streamer_from_generate_frame,
+    generate_frame_local,
+    speculative_generate,
+)
 from hf_spec.methods.base import Drafter
 from hf_spec.registry import get_method, parse_method
 
@@ -58,6 +64,11 @@ class SpeculativeDecoder:
         # transformers drops `streamer` and `tokenizer` before calling a callable custom_generate; `stop_strings`
         # is declared here so transformers hands it to us, and we build its criterion with our tokenizer
         streamer = model_kwargs.pop("streamer", None) or _streamer_from_generate_frame()
+        if generate_frame_local("assistant_model") is not None:  # transformers drops it for custom_generate
+            raise ValueError(
+                "custom_generate=SpeculativeDecoder(...) already speculates: drop assistant_model (to pass an hf-spec "
+                "drafter as assistant_model, see hf_spec.integrations.enable_assistant)"
+            )
         if stop_strings:
             tokenizer = model_kwargs.pop("tokenizer", None) or self.tokenizer
             if tokenizer is None:

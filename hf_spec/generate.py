@@ -102,6 +102,19 @@ def check_supported(
         raise ValueError("hf-spec returns one sequence; num_return_sequences must be 1")
     if input_ids.shape[0] != 1:
         raise ValueError(f"hf-spec decodes one sequence at a time; got batch size {input_ids.shape[0]}")
+    if model_kwargs.get("inputs_embeds") is not None or input_ids.shape[1] == 0:
+        raise ValueError(
+            "hf-spec needs the prompt as input_ids (a prompt given only as inputs_embeds is not supported)"
+        )
+    for name in ("prompt_lookup_num_tokens", "assistant_early_exit"):
+        if getattr(generation_config, name, None) is not None:
+            raise ValueError(
+                f"hf-spec already speculates: drop `{name}` (transformers' own assisted decoding)"
+            )
+    if generation_config.return_dict_in_generate:
+        for name in ("output_attentions", "output_hidden_states"):
+            if getattr(generation_config, name, False):
+                raise ValueError(f"hf-spec does not return attentions or hidden states: drop `{name}`")
     for name in ("penalty_alpha", "dola_layers"):
         if getattr(generation_config, name, None) is not None:
             raise ValueError(f"hf-spec cannot combine speculation with `{name}`")
@@ -150,9 +163,7 @@ def speculative_generate(
     logits_out: list[torch.Tensor] = []
     device = input_ids.device
     # greedy rounds that read nothing but each row's argmax verify with the int8-screened LM head
-    screen = screening_applies(
-        model, do_sample, bool(logits_processor), out_scores or out_logits, stopping_criteria
-    )
+    screen = screening_applies(model, do_sample, bool(logits_processor), out_scores or out_logits)
 
     # prefill everything but the last prompt token: it is the first root
     t0 = time.perf_counter()
@@ -211,14 +222,15 @@ def speculative_generate(
                 for j, tok in enumerate(proposed):
                     input_ids = torch.cat([input_ids, torch.tensor([[tok]], device=device)], dim=1)
                     new_tokens.append(tok)
-                    if bool(stopping_criteria(input_ids, acc.scores[j][None]).all()):
+                    if out_scores:
+                        scores_out.append(acc.scores[j][None].clone())
+                    # criteria see what plain decoding shows them: every score so far, or None
+                    if bool(stopping_criteria(input_ids, tuple(scores_out) if out_scores else None).all()):
                         finished = True
                         break
                 state.input_ids = input_ids
                 keep = [0] + [i + 1 for i in acc.accepted]
                 compact_cache(cache, past, keep)
-                if out_scores:
-                    scores_out.extend(s[None].clone() for s in acc.scores[: len(new_tokens)])
                 if out_logits:
                     logits_out.extend(logits[k][None].clone() for k in keep[: len(new_tokens)])
                 if streamer is not None:

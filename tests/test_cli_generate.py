@@ -40,3 +40,11 @@ def test_compare_names_the_divergence():
         model, ids, bad, ref
     )
     assert "lengths differ" in _compare(model, ids, ref[:, :-1], ref)
+
+
+def test_methods_lists_every_field_with_its_default(capsys):
+    assert main(["methods"]) == 0
+    out = capsys.readouterr().out
+    assert "pld  (name:VALUE sets num_draft_tokens)" in out
+    assert "    datastore = {}: " in out  # a factory default shows its value
+    assert "MISSING" not in out

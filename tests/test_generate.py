@@ -14,6 +14,7 @@ from hf_spec.config import MethodConfig
 from hf_spec.integrations import enable_assistant, save_custom_generate
 from hf_spec.methods.draft_model.config import DraftModelConfig
 from hf_spec.methods.draft_model.drafter import DraftModelDrafter
+from hf_spec.methods.early_exit.config import EarlyExitConfig
 from hf_spec.methods.pld.config import PLDConfig
 from hf_spec.registry import parse_method, register_method
 from tests.conftest import make_tiny_model, prompt_ids
@@ -79,6 +80,34 @@ def test_custom_stopping_criteria_and_stop_strings(stories):
     assert tok.decode(out[0]).endswith("park")
     with pytest.raises(ValueError, match="stop_strings needs a tokenizer"):
         model.generate(ids, custom_generate=SpeculativeDecoder("oracle:8"), **kw)
+
+
+def test_stopping_criteria_see_the_scores_plain_decoding_shows_them(tiny_llama):
+    """Plain decoding hands criteria `None`, or every score so far when `output_scores` is on."""
+    ids = prompt_ids(10, seed=4)
+
+    class Record(StoppingCriteria):
+        def __init__(self) -> None:
+            self.seen: list = []
+
+        def __call__(self, input_ids, scores, **kwargs):
+            self.seen.append(None if scores is None else len(scores))
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    for output_scores in (False, True):
+        kw = dict(
+            max_new_tokens=9, do_sample=False, return_dict_in_generate=True, output_scores=output_scores
+        )
+        ref_crit, crit = Record(), Record()
+        ref = tiny_llama.generate(ids, stopping_criteria=StoppingCriteriaList([ref_crit]), **kw)
+        out = tiny_llama.generate(
+            ids,
+            stopping_criteria=StoppingCriteriaList([crit]),
+            custom_generate=SpeculativeDecoder("oracle:4"),
+            **kw,
+        )
+        assert torch.equal(out.sequences, ref.sequences)
+        assert crit.seen == ref_crit.seen == ([1, 2, 3, 4, 5, 6, 7, 8, 9] if output_scores else [None] * 9)
 
 
 def test_streamer_gets_every_token_once_in_order(tiny_llama):
@@ -167,6 +196,9 @@ def test_pipeline_passes_custom_generate_through(stories):
         (dict(num_beams=2), "beam search"),
         (dict(num_return_sequences=2, do_sample=True), "num_return_sequences"),
         (dict(use_cache=False), "use_cache"),
+        (dict(prompt_lookup_num_tokens=3), "drop `prompt_lookup_num_tokens`"),
+        (dict(return_dict_in_generate=True, output_attentions=True), "drop `output_attentions`"),
+        (dict(return_dict_in_generate=True, output_hidden_states=True), "drop `output_hidden_states`"),
     ],
 )
 def test_unsupported_settings_raise(tiny_llama, kwargs, message):
@@ -174,6 +206,17 @@ def test_unsupported_settings_raise(tiny_llama, kwargs, message):
         tiny_llama.generate(
             prompt_ids(8), max_new_tokens=5, custom_generate=SpeculativeDecoder("pld"), **kwargs
         )
+
+
+def test_assistant_model_and_inputs_embeds_with_custom_generate_raise(tiny_llama):
+    ids = prompt_ids(8)
+    with pytest.raises(ValueError, match="already speculates: drop assistant_model"):
+        tiny_llama.generate(
+            ids, max_new_tokens=5, assistant_model=tiny_llama, custom_generate=SpeculativeDecoder("pld")
+        )
+    embeds = tiny_llama.get_input_embeddings()(ids)
+    with pytest.raises(ValueError, match="needs the prompt as input_ids"):
+        tiny_llama.generate(inputs_embeds=embeds, max_new_tokens=5, custom_generate=SpeculativeDecoder("pld"))
 
 
 def test_batch_and_padding_raise(tiny_llama):
@@ -224,6 +267,33 @@ def test_registry_and_config_errors(tmp_path):
         parse_method(str(tmp_path / "corrupt.json"))
     with pytest.raises(ValueError, match="not valid JSON"):
         PLDConfig.from_pretrained(tmp_path / "corrupt.json")
+    for bad, message in [
+        (dict(min_ngram=0), "pld: min_ngram must be >= 1, got 0"),
+        (dict(max_ngram=1, min_ngram=2), "max_ngram must be >= min_ngram"),
+        (dict(num_draft_tokens=-1), "pld: num_draft_tokens must be >= 1"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            PLDConfig(**bad)
+    with pytest.raises(ValueError, match="oracle: num_draft_tokens must be >= 1"):
+        parse_method("oracle:0")
+    with pytest.raises(ValueError, match="early-exit: siblings must be >= 0"):
+        EarlyExitConfig(siblings=-1)
+    with pytest.raises(ValueError, match=r"min_confidence must be in \[0, 1\]"):
+        EarlyExitConfig(min_confidence=2.0)
+    with pytest.raises(ValueError, match="draft-model: num_draft_tokens must be >= 1"):
+        DraftModelConfig(num_draft_tokens=0)
+    (tmp_path / "typed.json").write_text('{"method": "pld", "num_draft_tokens": "4"}')
+    with pytest.raises(TypeError, match=r"pld: num_draft_tokens must be int, got '4'"):
+        parse_method(str(tmp_path / "typed.json"))
+    with pytest.raises(TypeError, match="must be bool"):
+        EarlyExitConfig.from_dict({"method": "early-exit", "draft_vocab": 1})
+    assert EarlyExitConfig.from_dict({"min_confidence": 0}).min_confidence == 0  # an int for a float field
+    # a folder without an hf-spec config is the method's main argument (a model, a datastore), not a config
+    model_dir = tmp_path / "draft"
+    model_dir.mkdir()
+    assert parse_method(f"draft-model:{model_dir}") == DraftModelConfig(model=str(model_dir))
+    with pytest.raises(FileNotFoundError, match="no hf-spec config"):
+        parse_method(f"talon:{model_dir}")  # talon takes only configs
     (tmp_path / "other.json").write_text('{"method": "oracle"}')
     with pytest.raises(ValueError, match="is for method 'oracle', not 'pld'"):
         PLDConfig.from_pretrained(tmp_path / "other.json")

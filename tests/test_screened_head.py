@@ -6,8 +6,6 @@ import threading
 
 import pytest
 import torch
-from transformers import StoppingCriteria, StoppingCriteriaList
-from transformers.generation.stopping_criteria import MaxLengthCriteria
 
 from hf_spec import SpeculativeDecoder
 from hf_spec.kernels import cpu_skinny_gemm as csg
@@ -92,22 +90,15 @@ def test_screen_rebuilds_when_the_weight_changes(kernel):
     assert sh.screen_for(head) is not first
 
 
-class _ReadsScores(StoppingCriteria):
-    def __call__(self, input_ids, scores, **kwargs):
-        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
-
-
 def test_screening_applies_only_where_the_argmax_is_all_that_is_read(kernel, monkeypatch):
     model = make_tiny_model("llama")
-    plain = StoppingCriteriaList([MaxLengthCriteria(20)])
-    assert screening_applies(model, False, False, False, plain)
-    assert not screening_applies(model, True, False, False, plain)  # sampling reads the distribution
-    assert not screening_applies(model, False, True, False, plain)  # logits processors
-    assert not screening_applies(model, False, False, True, plain)  # output_scores / output_logits
-    assert not screening_applies(model, False, False, False, StoppingCriteriaList([_ReadsScores()]))
-    assert not screening_applies(make_tiny_model("llama").to(torch.bfloat16), False, False, False, plain)
+    assert screening_applies(model, False, False, False)
+    assert not screening_applies(model, True, False, False)  # sampling reads the distribution
+    assert not screening_applies(model, False, True, False)  # logits processors
+    assert not screening_applies(model, False, False, True)  # output_scores / output_logits
+    assert not screening_applies(make_tiny_model("llama").to(torch.bfloat16), False, False, False)
     monkeypatch.setenv("HF_SPEC_SCREENED_HEAD", "0")
-    assert not screening_applies(model, False, False, False, plain)
+    assert not screening_applies(model, False, False, False)
 
 
 def test_screened_head_only_answers_its_own_thread(kernel):

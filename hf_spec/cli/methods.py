@@ -19,5 +19,12 @@ def run(args: argparse.Namespace) -> int:
         cfg = get_method(name).config_cls
         print(f"{name}  (name:VALUE sets {cfg.main_arg})" if cfg.main_arg else name)
         for f in dataclasses.fields(cfg):
-            print(f"    {f.name} = {f.default!r}: {f.metadata.get('help', '')}")
+            print(f"    {f.name} = {_default(f)!r}: {f.metadata.get('help', '')}")
     return 0
+
+
+def _default(f: dataclasses.Field):
+    """A field's default value, whether given as a value or as a factory."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else "(required)"

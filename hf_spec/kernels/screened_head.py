@@ -14,8 +14,8 @@ the fp32 head gives (up to fp32 rounding, as with any kernel):
 so the true argmax j* has a_j* + e_j* >= t_j* >= t_k >= a_k - e_k for every k: it is among the candidates
 {j : a_j + e_j >= max_k (a_k - e_k)}. On Qwen2.5-Coder-0.5B's verification rows a few dozen tokens pass.
 
-Only where nothing but the argmax is read (greedy, no logits processors, no scores returned, stopping criteria that
-ignore scores: `screening_applies`); anything else gets the full fp32 head.
+Only where nothing but the argmax is read (greedy, no logits processors, no scores returned; stopping criteria are
+then handed no scores, as in plain decoding: `screening_applies`); anything else gets the full fp32 head.
 """
 
 from __future__ import annotations
@@ -31,20 +31,12 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import StoppingCriteriaList
-from transformers.generation.stopping_criteria import (
-    EosTokenCriteria,
-    MaxLengthCriteria,
-    MaxTimeCriteria,
-    StopStringCriteria,
-)
 
 from hf_spec.kernels import cpu_skinny_gemm
 from hf_spec.kernels.skinny_linear import skinny_linear
 
 # rows of x screened: from ~9 rows both kernels are compute-bound and int8 weights stop paying (AMD EPYC, 2 threads)
 MAX_ROWS = 6
-_SCORE_FREE = (MaxLengthCriteria, MaxTimeCriteria, EosTokenCriteria, StopStringCriteria)
 _F32_EPS = 2.0**-24
 
 
@@ -131,18 +123,11 @@ def screening_disabled() -> bool:
     return os.environ.get("HF_SPEC_SCREENED_HEAD", "").strip().lower() in ("0", "false", "no")
 
 
-def screening_applies(
-    model: nn.Module,
-    do_sample: bool,
-    has_processors: bool,
-    returns_scores: bool,
-    stopping_criteria: StoppingCriteriaList,
-) -> bool:
-    """Whether only the verification rows' argmax is ever read, and the model's head can be screened here."""
+def screening_applies(model: nn.Module, do_sample: bool, has_processors: bool, returns_scores: bool) -> bool:
+    """Whether only the verification rows' argmax is ever read, and the model's head can be screened here.
+    (Stopping criteria see scores only where they are returned, as in plain decoding.)"""
     if do_sample or has_processors or returns_scores or screening_disabled():
         return False
-    if not all(isinstance(c, _SCORE_FREE) for c in stopping_criteria):
-        return False  # a criterion of its own may read the scores
     head = model.get_output_embeddings()
     if type(head) is not nn.Linear or head.bias is not None:
         return False

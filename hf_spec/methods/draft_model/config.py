@@ -22,3 +22,8 @@ class DraftModelConfig(MethodConfig):
     model: str = field(default="", metadata={"help": "draft model: known name, folder or Hub id"})
     num_draft_tokens: int = field(default=5, metadata={"help": "chain length"})
     siblings: int = field(default=0, metadata={"help": "extra top-k leaves per depth"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.require_at_least(1, "num_draft_tokens")
+        self.require_at_least(0, "siblings")

@@ -36,6 +36,7 @@ class EagleConfig(MethodConfig):
     quantize: str = field(default="", metadata={"help": "draft weights: '', int8 or int4"})
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.depth < 1 or self.topk < 1 or self.total_tokens < 1:
             raise ValueError("eagle: depth, topk and total_tokens must be >= 1")
         if self.vocab_limit < 0:

@@ -47,3 +47,10 @@ class EarlyExitConfig(MethodConfig, ExitHeadsOptions):
     num_draft_tokens: int = field(default=3, metadata={"help": "chain length"})
     siblings: int = field(default=0, metadata={"help": "extra top-k leaves per depth"})
     min_confidence: float = field(default=0.0, metadata={"help": "stop drafting below this probability"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.require_at_least(1, "num_draft_tokens")
+        self.require_at_least(0, "exit_layer", "siblings")
+        if not 0.0 <= self.min_confidence <= 1.0:
+            raise ValueError(f"early-exit: min_confidence must be in [0, 1], got {self.min_confidence}")

@@ -33,6 +33,7 @@ class HiSpecConfig(MethodConfig, ExitHeadsOptions):
     num_buffer_tokens: int = field(default=4, metadata={"help": "N_i: buffered tokens per full verification"})
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.num_draft_tokens < 1 or self.num_buffer_tokens < 1:
             raise ValueError(
                 f"num_draft_tokens and num_buffer_tokens must be >= 1, got {self.num_draft_tokens}, "

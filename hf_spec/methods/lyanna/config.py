@@ -53,6 +53,7 @@ class LyannaConfig(MethodConfig):
     quantize: str = field(default="", metadata={"help": "draft weights: '', int8 or int4"})
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.vocab_limit < 0:
             raise ValueError("lyanna: vocab_limit must be >= 0")
         if self.quantize and self.quantize not in SCHEMES:

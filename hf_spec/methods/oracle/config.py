@@ -18,3 +18,7 @@ class OracleConfig(MethodConfig):
     main_arg = "num_draft_tokens"
 
     num_draft_tokens: int = field(default=8, metadata={"help": "chain length"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.require_at_least(1, "num_draft_tokens")

@@ -30,3 +30,12 @@ class PLDConfig(MethodConfig):
     max_nodes: int = field(default=16, metadata={"help": "verification budget in tree nodes"})
     strong_ngram: int = field(default=3, metadata={"help": "n-gram length that earns the full budget"})
     weak_nodes: int = field(default=5, metadata={"help": "budget when only shorter n-grams match"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.require_at_least(
+            1, "num_draft_tokens", "min_ngram", "max_candidates", "max_nodes", "strong_ngram"
+        )
+        self.require_at_least(0, "weak_nodes")
+        if self.max_ngram < self.min_ngram:
+            raise ValueError(f"pld: max_ngram must be >= min_ngram, got {self.max_ngram} < {self.min_ngram}")

@@ -87,6 +87,7 @@ class PostUseConfig(MethodConfig):
     seed: int = field(default=0, metadata={"help": "exploration seed"})
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.reward not in ("useful", "accepted", "committed"):
             raise ValueError(
                 f"postuse reward must be 'useful', 'accepted' or 'committed', got {self.reward!r}"

@@ -54,6 +54,7 @@ class RetrievalConfig(MethodConfig):
     grow_online: bool = field(default=False, metadata={"help": "add finished generations to the datastore"})
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if min(self.num_draft_tokens, self.max_nodes, self.weak_nodes, self.long_match) < 0:
             raise ValueError("retrieval: num_draft_tokens, max_nodes, weak_nodes and long_match must be >= 0")
         if self.long_match and (self.long_draft_tokens < self.num_draft_tokens or self.long_nodes < 1):

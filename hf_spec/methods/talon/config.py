@@ -75,6 +75,7 @@ class TalonConfig(MethodConfig):
     both_nodes: int = field(default=0, metadata={"help": "best switch: retrieval nodes when fused (0: all)"})
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.extend_tokens < 0 or self.extend_min_match < 1:
             raise ValueError("talon: extend_tokens must be >= 0 and extend_min_match >= 1")
         if self.both_nodes < 0:
