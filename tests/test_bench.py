@@ -115,6 +115,10 @@ def test_bench_all_turns_and_bad_prompt_file(prompt_file, tmp_path):
     bad.write_text('{"question_id": 1}\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:1: not a Spec-Bench question"):
         load_prompts(bad)
+    for turns in ('"Hi"', "[]", "[1]"):  # a string is not split into one-character turns
+        bad.write_text(f'{{"question_id": 1, "turns": {turns}}}\n')
+        with pytest.raises(ValueError, match="turns must be a non-empty list of strings"):
+            load_prompts(bad)
 
 
 def test_helpers():

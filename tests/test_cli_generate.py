@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hf_spec.cli.generate import _compare
-from hf_spec.cli.main import main
+from hf_spec.cli.main import console_main, main
 from hf_spec.models import load_model
 from tests.conftest import STORIES
 
@@ -48,3 +48,16 @@ def test_methods_lists_every_field_with_its_default(capsys):
     assert "pld  (name:VALUE sets num_draft_tokens)" in out
     assert "    datastore = {}: " in out  # a factory default shows its value
     assert "MISSING" not in out
+
+
+def test_console_errors_are_one_line(capsys, monkeypatch):
+    """The shell command reports bad input in one line (exit 2) before loading anything; HF_SPEC_DEBUG re-raises."""
+    monkeypatch.delenv("HF_SPEC_DEBUG", raising=False)
+    assert console_main(["generate", "--target", str(STORIES), "--method", "pld:-3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hf-spec: error: pld: num_draft_tokens must be >= 1, got -3") and "\n" not in err
+    assert console_main(["generate", "--target", "./no/such/folder", "--method", "pld"]) == 2
+    assert "no model folder at ./no/such/folder" in capsys.readouterr().err
+    monkeypatch.setenv("HF_SPEC_DEBUG", "1")
+    with pytest.raises(ValueError, match="num_draft_tokens"):
+        console_main(["generate", "--target", str(STORIES), "--method", "pld:0"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -159,6 +160,37 @@ def test_build_from_corpus_and_responses(tmp_path, stories):
     assert tok.decode(m.sequences[0]).strip().startswith("cat")
     with pytest.raises(ValueError, match="unknown datastore recipe keys"):
         DatastoreRecipe.from_dict({"corpra": []})
+
+
+def test_corrupt_or_foreign_datastores_are_clear_errors(tmp_path, tiny_llama):
+    from hf_spec import SpeculativeDecoder
+    from hf_spec.methods.retrieval.config import RetrievalConfig
+    from tests.conftest import prompt_ids
+
+    recipe = DatastoreRecipe()
+    meta = {"format": 1, "tokenizer": None, "tokens_per_source": {}}
+
+    def retrieval(folder):
+        return SpeculativeDecoder(RetrievalConfig(datastore_path=str(folder))).drafter_for(tiny_llama)
+
+    foreign = tmp_path / "foreign"  # ids past the tiny target's 96-token vocabulary
+    save_datastore(foreign, TokenIndex(flatten_documents([[5, 6, 500, 501]])), recipe, meta)
+    with pytest.raises(ValueError, match=r"token id 501, outside the target's vocabulary \(96\)"):
+        retrieval(foreign)
+    good = tmp_path / "good"
+    save_datastore(good, TokenIndex(flatten_documents([prompt_ids(30, seed=3)[0].tolist()])), recipe, meta)
+    assert retrieval(good).retriever.datastore.num_tokens == 31
+    (good / "tokens.npy").write_bytes((good / "tokens.npy").read_bytes()[:100])  # truncated
+    time.sleep(0.01)
+    (good / "meta.json").write_text(json.dumps(meta))  # as a rebuild writes it last
+    with pytest.raises(ValueError, match="corrupt datastore arrays"):
+        retrieval(good)  # a rewritten folder is loaded again, not taken from the process-wide cache
+    (good / "meta.json").write_text("{not json")
+    with pytest.raises(ValueError, match="meta.json is not readable JSON"):
+        load_datastore(good)
+    (good / "meta.json").write_text("[1]")
+    with pytest.raises(ValueError, match="datastore format list"):
+        load_datastore(good)
 
 
 def test_build_from_early_exit_layers(tmp_path, stories):

@@ -179,6 +179,22 @@ def test_greedy_equals_generate_and_accepts(trained, seed, quantize):
     assert all("forward" not in m.__dict__ for m in head.modules())  # the shared head is left as it was
 
 
+def test_one_token_prompt_drafts_from_the_second_round(trained):
+    """Nothing is prefilled before a one-token prompt: the head sits out the first round (plain and wrapped)."""
+    model, head, _, _ = trained
+    ids = prompt_ids(1, seed=3)
+    ref = model.generate(ids, max_new_tokens=20, do_sample=False)
+    for drafter in (
+        EagleDrafter(EagleConfig(depth=3, topk=2), model, head=head),
+        PostUseDrafter(
+            PostUseConfig(drafter="eagle"), model, inner=EagleDrafter(EagleConfig(), model, head=head)
+        ),
+    ):
+        dec = SpeculativeDecoder(drafter)
+        assert torch.equal(model.generate(ids, max_new_tokens=20, do_sample=False, custom_generate=dec), ref)
+        assert dec.last_stats.draft_tokens > 0  # it drafted after the first round
+
+
 def test_vocab_limit_drafts_frequent_rows_only(trained):
     model, head, _, _ = trained
     drafter = EagleDrafter(EagleConfig(depth=3, topk=2, total_tokens=6, vocab_limit=20), model, head=head)

@@ -165,6 +165,15 @@ def test_greedy_equals_generate(trained, resample, token_info):
         assert dec.drafter_for(model).resample_count > 0
 
 
+def test_one_token_prompt(trained):
+    model, head, _, _ = trained
+    ids = prompt_ids(1, seed=3)
+    dec = SpeculativeDecoder(LyannaDrafter(LyannaConfig(depth=4, topk=2, budget=6), model, head=head))
+    ref = model.generate(ids, max_new_tokens=20, do_sample=False)
+    assert torch.equal(model.generate(ids, max_new_tokens=20, do_sample=False, custom_generate=dec), ref)
+    assert dec.last_stats.draft_tokens > 0
+
+
 @pytest.mark.parametrize("quantize", ["int8", "int4"])
 def test_quantized_draft_weights_keep_greedy_exact(trained, quantize):
     model, head, _, _ = trained

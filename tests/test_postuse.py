@@ -316,6 +316,11 @@ def test_config_specs_and_errors(tiny_llama, tmp_path):
         PostUseConfig(reward="speed")
     with pytest.raises(ValueError, match="not itself"):
         PostUseDrafter(PostUseConfig(drafter={"method": "postuse"}), tiny_llama)
+    with pytest.raises(ValueError, match="cannot wrap hispec: it runs its own verification forward"):
+        PostUseDrafter(
+            PostUseConfig(drafter="hispec", reuse_draft=False, precut=False),
+            make_tiny_model("llama", layers=6),
+        )
     with pytest.raises(FileNotFoundError, match="Q-table"):
         PostUseDrafter(PostUseConfig(drafter="early-exit:1", q_table=str(tmp_path / "none.json")), tiny_llama)
 

@@ -327,7 +327,22 @@ def test_bad_configs_are_clear_errors(tiny_llama):
     with pytest.raises(ValueError, match="extend_tokens needs the retrieval half"):
         TalonConfig(retrieval=None, drafter="early-exit:2", extend_tokens=2)
     with pytest.raises(ValueError, match="both_nodes must be >= 0"):
-        TalonConfig(both_nodes=-1)
+        TalonConfig(both_nodes=-1, switch="best")
+    for bad, message in [
+        (dict(draft_ahead=4), "apply to mode 'async' only"),
+        (dict(mode="async", async_min_acceptance=2.0), r"async_min_acceptance must be in \[0, 1\]"),
+        (dict(drafter="", mode="async"), "need the model drafter"),
+        (dict(drafter="", extend_tokens=3), "need the model drafter"),
+        (dict(both_nodes=3), "both_nodes applies to switch 'best' only"),
+        (dict(switch_cost=0.5), "not 'match'"),
+        (dict(retrieval="foo"), "retrieval must be a settings object or null"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            TalonConfig(**bad)
+    with pytest.raises(ValueError, match="talon wraps a model drafter, not itself"):
+        TalonDrafter(TalonConfig(drafter="talon"), tiny_llama)
+    with pytest.raises(ValueError, match="cannot wrap hispec: it runs its own verification forward"):
+        TalonDrafter(TalonConfig(retrieval=None, drafter="hispec"), make_tiny_model("llama", layers=6))
 
 
 class ShallowSampledDrafter(SampledTreeDrafter):

@@ -58,9 +58,10 @@ def load_prompts(
                 continue
             try:
                 row = json.loads(line)
-                prompts.append(
-                    Prompt(str(row["question_id"]), row.get("category", "all"), list(row["turns"]))
-                )
+                turns = row["turns"]
+                if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
+                    raise TypeError(f"turns must be a non-empty list of strings, got {turns!r:.60}")
+                prompts.append(Prompt(str(row["question_id"]), row.get("category", "all"), turns))
             except (json.JSONDecodeError, KeyError, TypeError) as err:
                 raise ValueError(f"{path}:{line_no}: not a Spec-Bench question ({err})") from None
     if not prompts:

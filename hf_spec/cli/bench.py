@@ -35,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
     from hf_spec.models import load_model
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if not methods:
+        raise ValueError("--methods names no method (e.g. --methods ar,pld)")
     if args.check_lossless and "ar" not in methods:
         print("--check-lossless needs `ar` among the methods", file=sys.stderr)
         return 2

@@ -50,7 +50,9 @@ def run(args: argparse.Namespace) -> int:
     from hf_spec import SpeculativeDecoder
     from hf_spec.bench.runner import encode_chat
     from hf_spec.models import load_model
+    from hf_spec.registry import parse_method
 
+    parse_method(args.method)  # a bad method spec fails before the model loads
     threads = set_threads(args.threads)
     model, tokenizer = load_model(args.target, dtype=resolve_dtype(args.dtype))
     input_ids = encode_chat(tokenizer, [{"role": "user", "content": args.prompt}])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 
@@ -34,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a sub-command; errors propagate (for callers and tests), see `console_main` for the shell."""
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
@@ -42,5 +44,24 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+# what bad input raises: shown as one line in the shell (HF_SPEC_DEBUG=1 shows the traceback)
+_INPUT_ERRORS = (ValueError, TypeError, KeyError, OSError)
+
+
+def console_main(argv: list[str] | None = None) -> int:
+    """The `hf-spec` command: bad input ends with a one-line error and exit status 2, not a traceback."""
+    try:
+        return main(argv)
+    except _INPUT_ERRORS as err:
+        if os.environ.get("HF_SPEC_DEBUG", "").strip() not in ("", "0"):
+            raise
+        message = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
+        print(
+            f"hf-spec: error: {message or type(err).__name__} (HF_SPEC_DEBUG=1 shows the traceback)",
+            file=sys.stderr,
+        )
+        return 2
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console_main())

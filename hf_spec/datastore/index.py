@@ -118,6 +118,10 @@ class TokenIndex:
         sa = np.load(folder / "suffix_array.npy", mmap_mode=mode)
         if len(sa) != len(text):
             raise ValueError(f"{folder}: suffix array and token array lengths differ; rebuild the datastore")
+        if not (np.issubdtype(text.dtype, np.integer) and np.issubdtype(sa.dtype, np.integer)):
+            raise ValueError(
+                f"{folder}: token / suffix arrays of dtype {text.dtype} / {sa.dtype}, not integers"
+            )
         return cls(text, sa)
 
 

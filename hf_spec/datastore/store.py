@@ -221,14 +221,20 @@ def load_datastore(folder: str | os.PathLike, tokenizer=None) -> Datastore:
     folder = Path(folder)
     if not (folder / "meta.json").exists():
         raise FileNotFoundError(f"no datastore at {folder} (build one with `hf-spec datastore build`)")
-    meta = json.loads((folder / "meta.json").read_text())
-    if meta.get("format") != FORMAT_VERSION:
-        raise ValueError(
-            f"{folder}: datastore format {meta.get('format')}, expected {FORMAT_VERSION}; rebuild it"
-        )
-    if tokenizer is not None and meta["tokenizer"] != tokenizer_id(tokenizer):
-        raise ValueError(f"{folder} was built with another tokenizer ({meta['tokenizer']}); rebuild it")
-    return Datastore(TokenIndex.load(folder), meta)
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{folder}/meta.json is not readable JSON ({err}); rebuild the datastore") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
+        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise ValueError(f"{folder}: datastore format {found}, expected {FORMAT_VERSION}; rebuild it")
+    if tokenizer is not None and meta.get("tokenizer") != tokenizer_id(tokenizer):
+        raise ValueError(f"{folder} was built with another tokenizer ({meta.get('tokenizer')}); rebuild it")
+    try:
+        index = TokenIndex.load(folder)
+    except (OSError, ValueError) as err:  # missing, truncated or foreign .npy files
+        raise ValueError(f"{folder}: corrupt datastore arrays ({err}); rebuild the datastore") from None
+    return Datastore(index, meta)
 
 
 def datastore_cache_dir() -> Path:

@@ -91,6 +91,12 @@ class Drafter(ABC):
     def propose(self, state: SpecState, max_depth: int) -> DraftTree:
         """Return a tree below the root `state.input_ids[0, -1]`, no deeper than `max_depth`."""
 
+    @property
+    def continues_verification(self) -> bool:
+        """True where `propose` begins the verification forward that `verify_forward` finishes (HiSpec, Talon's
+        pre-verification): a wrapper verifying trees of its own cannot drive such a drafter."""
+        return False
+
     def verify_forward(
         self,
         state: SpecState,
@@ -128,3 +134,15 @@ class Drafter(ABC):
 
     def end(self, state: SpecState) -> None:  # noqa: B027 - optional hook
         """Release per-generation state."""
+
+
+def check_wrappable(inner: Drafter, wrapper: str) -> None:
+    """Raise where `wrapper` (postuse, talon) cannot drive `inner`: a drafter that continues its own verification
+    forward (HiSpec) or another of the same wrapper."""
+    if inner.config.method == wrapper:
+        raise ValueError(f"{wrapper} wraps another drafter, not itself")
+    if inner.continues_verification:
+        raise ValueError(
+            f"{wrapper} cannot wrap {inner.config.method}: it runs its own verification forward, "
+            "which the wrapper's tree replaces"
+        )

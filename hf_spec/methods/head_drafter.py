@@ -91,10 +91,17 @@ class HeadDrafter(Drafter):
         return skinny_linear(normed, self.lm_weight)
 
     def begin(self, state: SpecState) -> None:
+        self.cache = DynamicCache()
+        if state.seq_len == 1:  # a one-token prompt: nothing prefilled, the first round drafts nothing
+            self.pending_features = []
+            return
         if state.hidden_states is None or state.hidden_states.shape[1] != state.seq_len - 1:
             raise ValueError(f"{self.config.method} needs the target's hidden states of the prompt")
-        self.cache = DynamicCache()
         self.pending_features = [unit_features(state.hidden_states[0], self.norm).to(self.dtype)]
+
+    def can_draft(self) -> bool:
+        """False before the head has seen any target features (the first round after a one-token prompt)."""
+        return bool(self.pending_features) or cache_length(self.cache) > 0
 
     def observe(self, state: SpecState, result: RoundResult) -> None:
         self.pending_features.append(unit_features(result.hidden_states[0], self.norm).to(self.dtype))

@@ -328,7 +328,13 @@ def resolve_model(name_or_path: str, *, fetch: bool = True) -> str:
         if not _is_complete(folder, KNOWN_MODELS[name_or_path]):
             raise FetchError(f"{name_or_path} is not fetched yet; run `hf-spec fetch {name_or_path}`")
         return str(folder)
-    return name_or_path
+    name_or_path = os.fspath(name_or_path)
+    # a Hub id is `name` or `org/name`; anything else that is not a folder is a mistyped path
+    looks_local = name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1
+    if looks_local and not os.path.isdir(os.path.expanduser(name_or_path)):
+        known = ", ".join(sorted(KNOWN_MODELS))
+        raise FileNotFoundError(f"no model folder at {name_or_path} (known names: {known}; or a Hub id)")
+    return os.path.expanduser(name_or_path)
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -35,6 +35,8 @@ class EagleDrafter(HeadDrafter, EagleStepper):
     @torch.no_grad()
     def propose(self, state: SpecState, max_depth: int) -> DraftTree:
         cfg = self.config
+        if not self.can_draft():
+            return DraftTree.empty()
         with self.fast_head():
             h_root = self.catch_up(state, self.head)
             depth = min(cfg.depth, max_depth)

@@ -24,6 +24,8 @@ class EagleStepper(StepwiseDrafter):
     `self.cache`, `self.lm_weight`)."""
 
     def draft_start(self, state: SpecState) -> bool:
+        if not self.can_draft():
+            return False
         with self.fast_head():
             self._h_chain = self.catch_up(state, self.head)  # [H]: state after the last chain token
         self._committed = cache_length(self.cache)  # committed positions + the root

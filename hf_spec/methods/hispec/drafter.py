@@ -180,6 +180,10 @@ class HiSpecDrafter(Drafter):
         crop_cache(state.cache, rnd.held, range(self.verify_layer))
 
     @torch.no_grad()
+    @property
+    def continues_verification(self) -> bool:
+        return True
+
     def verify_forward(self, state, tree, input_ids, position_ids, attention_mask, output_hidden_states):
         """Continue the buffered layer-L_i hidden states of `[root] + tree` through [L_i, L_f)."""
         rnd, self._round = self._round, None

@@ -90,6 +90,8 @@ class LyannaDrafter(HeadDrafter):
         if self.resampled is not None and cfg.resample == "separate":  # verify the re-sampled subtree alone
             tree, self.resampled, self.chain_logits = self.resampled, None, None
             return to_draft_tree(tree).truncate_depth(max_depth)
+        if not self.can_draft():
+            return DraftTree.empty()
         with self.fast_head():
             h_root = self.catch_up(state, self.head.first_step)
             depth = min(cfg.depth, max_depth)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hf_spec.methods.base import Drafter, RoundResult, SpecState
+from hf_spec.methods.base import Drafter, RoundResult, SpecState, check_wrappable
 from hf_spec.methods.postuse.branches import agreeing_runs, graft, windows
 from hf_spec.methods.postuse.config import PostUseConfig
 from hf_spec.methods.postuse.controller import PreCutController
@@ -76,6 +76,7 @@ class PostUseDrafter(Drafter):
     def __init__(self, config: PostUseConfig, model, tokenizer=None, inner: Drafter | None = None) -> None:
         super().__init__(config, model, tokenizer)
         self.inner = inner if inner is not None else build_drafter(config.drafter, model, tokenizer)
+        check_wrappable(self.inner, "postuse")
         self.requires_hidden_states = self.inner.requires_hidden_states
         self.stepwise = isinstance(self.inner, StepwiseDrafter)
         if (config.reuse_draft or config.precut) and not self.stepwise:

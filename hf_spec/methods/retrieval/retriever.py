@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from hf_spec.datastore import Datastore, DatastoreRecipe, Matches, get_datastore, scan_search
 from hf_spec.datastore.index import SEP
+from hf_spec.datastore.store import tokenizer_id
 from hf_spec.methods.retrieval.config import RetrievalConfig
 from hf_spec.tree.buffers import DraftTree
 from hf_spec.tree.trie import retrieval_tree
@@ -23,7 +26,7 @@ class Retriever:
         if building and tokenizer is None:
             tokenizer = _tokenizer_of(model)
         key = (
-            (config.datastore_path,)
+            _folder_key(config.datastore_path)
             if config.datastore_path
             else (recipe.key(tokenizer),)
             if building
@@ -31,10 +34,13 @@ class Retriever:
         )
         if key is not None and key in _LOADED and not config.grow_online:
             self.datastore = _LOADED[key]
+            if tokenizer is not None and self.datastore.meta.get("tokenizer") != tokenizer_id(tokenizer):
+                raise ValueError(f"{key[0]} was built with another tokenizer; rebuild it")
         else:
             self.datastore = get_datastore(recipe, model, tokenizer, config.datastore_path)
             if key is not None and not config.grow_online:
                 _LOADED[key] = self.datastore
+        _check_vocabulary(self.datastore, model)
         self.last_match = 0  # longest match length of the latest search
 
     def matches(
@@ -114,6 +120,30 @@ def _shares(m: Matches, weight: float) -> np.ndarray:
     """Each continuation's weight `(k,)`: a source's occurrences share one unit of `weight`, scaled by its match
     length."""
     return weight * m.length * m.counts / m.counts.sum()
+
+
+def _folder_key(path: str) -> tuple:
+    """A prebuilt datastore's cache key: its folder and when its metadata was written (a rebuilt or deleted
+    folder is loaded again)."""
+    try:
+        written = os.stat(os.path.join(path, "meta.json")).st_mtime_ns
+    except OSError:
+        written = None
+    return (os.path.abspath(path), written)
+
+
+def _check_vocabulary(datastore: Datastore, model) -> None:
+    """Every stored token id must be one of the target's (a datastore built for another model fails here)."""
+    if datastore.index is None or not datastore.index.num_tokens:
+        return
+    head = model.get_output_embeddings()
+    vocab = head.weight.shape[0] if head is not None else model.config.vocab_size
+    largest = int(np.asarray(datastore.index.text).max())
+    if largest >= vocab:
+        raise ValueError(
+            f"the datastore holds token id {largest}, outside the target's vocabulary ({vocab}): "
+            "it was built for another model; rebuild it with this target's tokenizer"
+        )
 
 
 def _tokenizer_of(model):

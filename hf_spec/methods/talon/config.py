@@ -76,6 +76,22 @@ class TalonConfig(MethodConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.retrieval is not None and not isinstance(self.retrieval, dict):
+            raise ValueError(f"talon: retrieval must be a settings object or null, got {self.retrieval!r}")
+        if not self.drafter and (self.mode == "async" or self.extend_tokens):
+            raise ValueError(
+                "talon: mode 'async' and extend_tokens need the model drafter (drafter is empty)"
+            )
+        if self.mode == "sync" and (self.draft_ahead or self.async_min_acceptance):
+            raise ValueError("talon: draft_ahead and async_min_acceptance apply to mode 'async' only")
+        if not 0.0 <= self.async_min_acceptance <= 1.0:
+            raise ValueError(
+                f"talon: async_min_acceptance must be in [0, 1], got {self.async_min_acceptance}"
+            )
+        if self.both_nodes and self.switch != "best":
+            raise ValueError("talon: both_nodes applies to switch 'best' only")
+        if self.switch_cost and self.switch == "match":
+            raise ValueError("talon: switch_cost applies to switch 'cost' or 'best', not 'match'")
         if self.extend_tokens < 0 or self.extend_min_match < 1:
             raise ValueError("talon: extend_tokens must be >= 0 and extend_min_match >= 1")
         if self.both_nodes < 0:

@@ -5,7 +5,7 @@ from typing import NamedTuple
 
 import torch
 
-from hf_spec.methods.base import Drafter, RoundResult, SpecState
+from hf_spec.methods.base import Drafter, RoundResult, SpecState, check_wrappable
 from hf_spec.methods.early_exit.config import EarlyExitConfig
 from hf_spec.methods.retrieval.config import RetrievalConfig
 from hf_spec.methods.retrieval.retriever import Retriever
@@ -69,7 +69,10 @@ class TalonDrafter(Drafter):
                     raise ValueError(
                         f"talon async mode needs a drafter with its own state (early-exit), not {config.drafter!r}"
                     )
+                if sub_config.method == "talon":
+                    raise ValueError("talon wraps a model drafter, not itself")
                 self.sub = get_method(sub_config.method).drafter_cls(sub_config, model, tokenizer)
+                check_wrappable(self.sub, "talon")
                 self.requires_hidden_states = self.sub.requires_hidden_states
         self.worker: DraftWorker | None = None
         self._round: _Round | None = None
@@ -175,6 +178,10 @@ class TalonDrafter(Drafter):
             and state.uses_verify_forward
             and cache_length(state.cache) == state.seq_len - 1
         )
+
+    @property
+    def continues_verification(self) -> bool:
+        return self.config.pre_verify
 
     def verify_forward(self, state, tree, input_ids, position_ids, attention_mask, output_hidden_states):
         """With a pre-verified retrieval tree: only the fused tree's other nodes run now (see `preverify.py`)."""
