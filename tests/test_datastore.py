@@ -160,6 +160,10 @@ def test_build_from_corpus_and_responses(tmp_path, stories):
     assert tok.decode(m.sequences[0]).strip().startswith("cat")
     with pytest.raises(ValueError, match="unknown datastore recipe keys"):
         DatastoreRecipe.from_dict({"corpra": []})
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(ValueError, match=r"source\(s\) \['responses'\] gave no tokens"):
+        build_datastore(DatastoreRecipe(responses=[str(empty)]), None, tok, progress=False)
 
 
 def test_corrupt_or_foreign_datastores_are_clear_errors(tmp_path, tiny_llama):

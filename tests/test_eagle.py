@@ -4,6 +4,7 @@ save/load (incl. trust_remote_code and custom_generate), mismatch errors, lossle
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -160,8 +161,24 @@ def test_corrupt_or_missing_head_is_a_clear_error(tmp_path, trained):
     bad.mkdir()
     (bad / "config.json").write_text((folder / "head" / "config.json").read_text())
     (bad / "model.safetensors").write_bytes(b"not a safetensors file")
-    with pytest.raises(Exception, match="(?i)safetensors|header|deserializ|cannot load"):
+    with pytest.raises(ValueError, match="cannot load the eagle head at .*bad"):
         load_head(str(bad), model)
+    # a checkpoint lacking a tensor would load with random weights: refused
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(folder / "head" / "model.safetensors"))
+    save_file({k: v for k, v in weights.items() if k != "fc.weight"}, str(bad / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"lacks weights \['fc.weight'\]"):
+        load_head(str(bad), model)
+    (bad / "config.json").write_text(json.dumps({"model_type": "hf_spec_lyanna"}))
+    with pytest.raises(ValueError, match="holds a 'hf_spec_lyanna' model, not a eagle head"):
+        load_head(str(bad), model)
+    (bad / "config.json").write_text("{oops")
+    with pytest.raises(ValueError, match="bad config.json"):
+        load_head(str(bad), model)
+    # the head folder's own recipe ("head": ".") names that folder wherever the command runs
+    recipe = folder / "head" / "hf_spec_config.json"
+    assert EagleConfig.from_cli_arg(str(recipe)).head == os.path.abspath(folder / "head")
 
 
 @pytest.mark.parametrize("seed,quantize", [(1, ""), (2, ""), (1, "int8"), (2, "int4")])

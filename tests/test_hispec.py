@@ -234,6 +234,14 @@ def test_missing_layer_and_missing_folder_are_clear_errors(trained_heads, tmp_pa
         ExitHeads.from_pretrained(tmp_path / "nowhere", model)
     with pytest.raises(ValueError, match="exit layers must be in"):
         ExitHeads.for_target(model, [LAYERS])
+    weights = tmp_path / "one" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:64])  # truncated
+    with pytest.raises(ValueError, match="not a readable safetensors file"):
+        ExitHeads.from_pretrained(tmp_path / "one", model)
+    for text in ("{oops", "[1]"):
+        (tmp_path / "one" / "config.json").write_text(text)
+        with pytest.raises(ValueError, match="not readable JSON|not an exit-heads config"):
+            ExitHeads.from_pretrained(tmp_path / "one", model)
 
 
 @pytest.mark.parametrize("spec", ["hispec", "early-exit"])

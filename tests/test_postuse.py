@@ -287,6 +287,18 @@ def test_q_table_save_load_and_freeze(tmp_path):
         ctrl.load(tmp_path / "bad.json")
     with pytest.raises(FileNotFoundError):
         ctrl.load(tmp_path / "missing.json")
+    saved = json.loads(path.read_text())
+    for q, message in [
+        ([], "'q' must map states"),
+        ({"a,b": [0, 0]}, "bad entry 'a,b'"),
+        ({"1,2,3": [0, 0]}, "bad entry '1,2,3'"),
+        ({"1,2": 5}, "bad entry '1,2'"),
+        ({"1,2": [0.0, float("nan")]}, "two finite values"),
+        ({"99,0": [0.0, 0.0]}, "outside this controller's layout"),
+    ]:
+        (tmp_path / "bad.json").write_text(json.dumps({**saved, "q": q}))
+        with pytest.raises(ValueError, match=message):
+            ctrl.load(tmp_path / "bad.json")
 
 
 def test_rewards_useful_and_accepted(tiny_llama):

@@ -264,3 +264,11 @@ def test_sampled_answers_are_extra_conversations_seeded_and_held_out_with_their_
     assert split_heldout(sequences[:8], 2) == split_heldout(sequences[:8], 2, ids[:8])
     with pytest.raises(ValueError, match="temperature"):
         answers(tmp_path / "bad", "--samples", "1", "--temperature", "0")
+
+
+def test_exit_training_needs_rows_on_both_sides_of_the_split(tmp_path):
+    data = tmp_path / "responses.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Q{i}", "response": "A story."}) + "\n" for i in range(3)))
+    args = ["train", "exits", "--target", str(STORIES), "--layers", "2", "--data", str(data)]
+    with pytest.raises(ValueError, match=r"holds 3 rows: --heldout 24 must leave rows on both sides"):
+        main([*args, "--out", str(tmp_path / "exits")])

@@ -85,6 +85,11 @@ def run(args: argparse.Namespace) -> int:
     work = Path(args.work_dir or f"{args.out.rstrip('/')}.work")
 
     rows = load_training_rows(data)
+    if not 1 <= args.heldout < len(rows):
+        raise ValueError(
+            f"{data} holds {len(rows)} rows: --heldout {args.heldout} must leave rows on both sides "
+            f"(1 <= heldout < {len(rows)})"
+        )
     random.Random(args.seed).shuffle(rows)
     heldout = tokenize_rows(tokenizer, rows[: args.heldout], args.max_len)
     train = tokenize_rows(tokenizer, rows[args.heldout :], args.max_len)

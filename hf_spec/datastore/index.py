@@ -122,6 +122,8 @@ class TokenIndex:
             raise ValueError(
                 f"{folder}: token / suffix arrays of dtype {text.dtype} / {sa.dtype}, not integers"
             )
+        if len(sa) and (int(sa.min()) < 0 or int(sa.max()) >= len(text)):
+            raise ValueError(f"{folder}: suffix array points outside the token array; rebuild the datastore")
         return cls(text, sa)
 
 

@@ -166,6 +166,12 @@ def build_datastore(
         take("responses", response_documents(path, tokenizer))
     if recipe.early_exit_prompts:
         take("early-exit", _early_exit_documents(recipe, model, tokenizer, exit_head))
+    empty = [name for name, count in per_source.items() if not count]
+    if empty:
+        raise ValueError(
+            f"the datastore source(s) {empty} gave no tokens: check the files hold ShareGPT / Alpaca texts "
+            "(corpus) or target answers (responses)"
+        )
     index_start = time.perf_counter()
     index = TokenIndex(flatten_documents(docs))
     meta = {

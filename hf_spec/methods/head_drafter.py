@@ -4,6 +4,7 @@ committed positions, which catches up with the target's features after every ver
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Iterator
 
@@ -12,6 +13,7 @@ from transformers import DynamicCache
 
 from hf_spec.config import MethodConfig, read_config
 from hf_spec.heads.base import DraftHeadModel
+from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER
 from hf_spec.kernels.skinny_linear import fast_linears, skinny_linear
 from hf_spec.kernels.weight_only import QuantizedWeight, quantize_linears, quantized_linears
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
@@ -25,10 +27,28 @@ def load_draft_head(head_cls: type[DraftHeadModel], path: str, target, method: s
         raise ValueError(
             f"{method} needs a head folder: {method}:<folder> (train one with `hf-spec train {method}`)"
         )
+    config_file = os.path.join(path, "config.json")
     try:
-        head = head_cls.from_pretrained(path, dtype=next(target.parameters()).dtype)
-    except OSError as err:
-        raise ValueError(f"cannot load the {method} head at {path!r}: {err}") from None
+        with open(config_file) as f:
+            found = json.load(f).get("model_type")
+    except FileNotFoundError:
+        raise ValueError(f"cannot load the {method} head at {path!r}: no config.json there") from None
+    except (OSError, ValueError, AttributeError) as err:
+        raise ValueError(f"cannot load the {method} head at {path!r}: bad config.json ({err})") from None
+    expected = head_cls.config_class.model_type
+    if found != expected:
+        raise ValueError(f"{path!r} holds a {found!r} model, not a {method} head ({expected!r})")
+    try:
+        head, info = head_cls.from_pretrained(
+            path, dtype=next(target.parameters()).dtype, output_loading_info=True
+        )
+    except Exception as err:  # noqa: BLE001 - truncated safetensors, bad config fields, ...: all mean a bad folder
+        raise ValueError(f"cannot load the {method} head at {path!r}: {type(err).__name__}: {err}") from None
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        raise ValueError(
+            f"the {method} head at {path!r} lacks weights {missing[:5]}: a damaged or foreign file"
+        )
     return head.eval().attach_target(target)
 
 
@@ -38,9 +58,14 @@ def head_config_from_cli_arg(cls: type[MethodConfig], arg: str | None) -> Method
     if arg and os.path.isdir(arg) and os.path.exists(os.path.join(arg, "config.json")):
         recipe = os.path.join(arg, "hf_spec_config.json")
         data = read_config(recipe) if os.path.exists(recipe) else {}
-        data.pop("method", None)
+        found = data.pop("method", cls.method)
+        if found != cls.method:
+            raise ValueError(f"{arg!r} is a {found} head folder, not a {cls.method} one (use {found}:{arg})")
         return cls(**{**data, "head": arg})
-    return MethodConfig.from_cli_arg.__func__(cls, arg)
+    config = MethodConfig.from_cli_arg.__func__(cls, arg)
+    if arg and getattr(config, "head", None) == HEAD_IN_THIS_FOLDER:  # a head folder's own recipe
+        config.head = arg if os.path.isdir(arg) else os.path.dirname(os.path.abspath(arg))
+    return config
 
 
 def causal_mask(q_len: int, past: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:

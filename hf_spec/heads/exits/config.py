@@ -58,8 +58,11 @@ class ExitHeadsConfig:
         file = Path(folder) / "config.json"
         if not file.is_file():
             raise FileNotFoundError(f"no exit heads at {folder} (missing config.json)")
-        data = json.loads(file.read_text())
-        if data.pop("model_type", None) != MODEL_TYPE:
+        try:
+            data = json.loads(file.read_text())
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{file} is not readable JSON ({err})") from None
+        if not isinstance(data, dict) or data.pop("model_type", None) != MODEL_TYPE:
             raise ValueError(f"{file} is not an exit-heads config (model_type must be {MODEL_TYPE!r})")
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})

@@ -115,7 +115,10 @@ class ExitHeads(nn.Module):
         file = Path(folder) / WEIGHTS_NAME
         if not file.is_file():
             raise FileNotFoundError(f"no exit heads at {folder} (missing {WEIGHTS_NAME})")
-        tensors = load_file(str(file))
+        try:
+            tensors = load_file(str(file))
+        except Exception as err:  # noqa: BLE001 - safetensors' own errors: a truncated or foreign file
+            raise ValueError(f"{file} is not a readable safetensors file ({err})") from None
         vocab = tensors.pop("draft_vocab", None)
         state = {k.removeprefix("layers."): v.float() for k, v in tensors.items()}
         missing, unexpected = heads.adapters.load_state_dict(state, strict=False)

@@ -27,6 +27,7 @@ episode is bounded by `max_calls`, so gamma = 1 (no discount) is well defined an
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 from pathlib import Path
@@ -148,12 +149,27 @@ class PreCutController:
                 f"{where} has max_calls/benefit_buckets {layout}, the controller "
                 f"{(self.max_calls, self.benefit_buckets)}"
             )
+        q = data.get("q")
+        if not isinstance(q, dict):
+            raise ValueError(
+                f"{where}: 'q' must map states 'calls,bucket' to [Q(continue), Q(stop)], got {q!r:.60}"
+            )
         table = {}
-        for key, v in data["q"].items():
-            c, b = (int(x) for x in key.split(","))
-            if len(v) != 2:
-                raise ValueError(f"{where}: state {key} needs [Q(continue), Q(stop)], got {v}")
-            table[(c, b)] = [float(v[0]), float(v[1])]
+        for key, v in q.items():
+            try:
+                c, b = (int(x) for x in key.split(","))
+                values = [float(x) for x in v]
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"{where}: bad entry {key!r}: {v!r:.60} (want 'calls,bucket': [q, q])"
+                ) from None
+            if len(values) != 2 or not all(math.isfinite(x) for x in values):
+                raise ValueError(
+                    f"{where}: state {key} needs two finite values [Q(continue), Q(stop)], got {v}"
+                )
+            if not (0 <= c <= self.max_calls and 0 <= b < self.benefit_buckets):
+                raise ValueError(f"{where}: state {key} is outside this controller's layout")
+            table[(c, b)] = values
         self.table = table
         self.updates = int(data.get("updates", 0))
         self.target_cost = data.get("target_cost")
