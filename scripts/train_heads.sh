@@ -1,7 +1,7 @@
 #!/bin/bash
 # Train (or resume: re-run the same command) the draft heads committed under model_cards/.
 # Usage: scripts/train_heads.sh <target> <hass|eagle|lyanna> [extra hf-spec train args...]
-# Each run checkpoints to $HF_SPEC_CACHE/runs/<head folder name>; data and features are cached per target.
+# Each run checkpoints to $HF_SPEC_CACHE/runs/<head folder name>-<path hash>; data and features are cached per target.
 set -euo pipefail
 target=$1; kind=$2; shift 2
 case $target in

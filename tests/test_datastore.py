@@ -164,6 +164,12 @@ def test_build_from_corpus_and_responses(tmp_path, stories):
     empty.write_text("")
     with pytest.raises(ValueError, match=r"source\(s\) \['responses'\] gave no tokens"):
         build_datastore(DatastoreRecipe(responses=[str(empty)]), None, tok, progress=False)
+    save_datastore(tmp_path / "ds", index, recipe, meta)  # over an earlier datastore: replaced
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match=r"already holds other files \(notes.txt\)"):
+        save_datastore(tmp_path / "project", index, recipe, meta)  # was: deleted the folder's contents
+    assert (tmp_path / "project" / "notes.txt").read_text() == "mine"
 
 
 def test_corrupt_or_foreign_datastores_are_clear_errors(tmp_path, tiny_llama):

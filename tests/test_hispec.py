@@ -10,7 +10,7 @@ import torch
 
 from hf_spec import SpeculativeDecoder
 from hf_spec.heads.exits.model import ExitHeads, load_exit_lm
-from hf_spec.heads.exits.train import evaluate_heads, extract_features, train_heads
+from hf_spec.heads.exits.train import evaluate_heads, extract_cached, extract_features, train_heads
 from hf_spec.methods.early_exit.config import EarlyExitConfig
 from hf_spec.methods.hispec.config import HiSpecConfig
 from hf_spec.methods.hispec.drafter import HiSpecDrafter
@@ -303,6 +303,35 @@ def test_training_resumes_from_its_checkpoint(tmp_path):
     assert len(history) == 10
     for (name, a), b in zip(full.state_dict().items(), resumed.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b, msg=name)
+    # the checkpoint records its settings: another rank (shapes) or step count is refused by name
+    with pytest.raises(ValueError, match=r"other settings \(rank 4 -> 8"):
+        train_heads(model, ExitHeads.for_target(model, [1, 2], rank=8), feats, checkpoint=ckpt, **kw)
+    with pytest.raises(ValueError, match=r"steps 10 -> 12"):
+        train_heads(model, fresh(), feats, checkpoint=ckpt, **(kw | {"steps": 12}))
+
+
+def test_cached_features_follow_the_data_not_the_chunk_number(tmp_path):
+    """Rerunning extraction in the same work dir on other sequences extracts them afresh (was: reused the first
+    run's chunk files, so a head trained on another --data file learned from stale features)."""
+    model = make_tiny_model("llama", layers=4)
+    first = [(prompt_ids(12, seed=s)[0], 3) for s in range(2)]
+    second = [(prompt_ids(12, seed=s + 10)[0], 3) for s in range(2)]
+    a = extract_cached(model, first, [1, 2], 4, tmp_path, name="train")
+    b = extract_cached(model, second, [1, 2], 4, tmp_path, name="train")
+    fresh = extract_features(model, second, [1, 2], top_k=4)
+    assert not torch.equal(a.top_ids, b.top_ids)
+    torch.testing.assert_close(b.top_ids, fresh.top_ids)
+    again = extract_cached(model, first, [1, 2], 4, tmp_path, name="train")  # cached chunks are still reused
+    torch.testing.assert_close(again.top_ids, a.top_ids)
+
+
+def test_exit_heads_are_not_saved_over_another_folder(trained_heads, tmp_path):
+    _, heads, folder, *_ = trained_heads
+    heads.save_pretrained(folder)  # over earlier exit heads: fine
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match=r"already holds other files \(notes.txt\)"):
+        heads.save_pretrained(tmp_path)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
 def test_draft_vocabulary(trained_heads, tmp_path):

@@ -83,6 +83,17 @@ def test_train_cli_end_to_end_and_resume(tmp_path, prompts_file, kind):
     assert again["steps"] == report["steps"] and again["final_loss"] == report["final_loss"]
     with pytest.raises(ValueError, match="holds a run on other data"):  # resuming on other data is refused
         main([*args, "--limit", "6"])
+    with pytest.raises(ValueError, match=r"other settings \(draft_vocab 256 -> 128"):  # nor other settings
+        main([*args, "--draft-vocab", "128"])
+    # one --seed, one head: a fresh run elsewhere gives the same weights (the head's init was unseeded)
+    twin = tmp_path / "twin"
+    assert main([*args, "--out", str(twin), "--checkpoint-dir", str(tmp_path / "run2")]) == 0
+    assert (twin / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+    foreign = tmp_path / "a-model"  # a folder holding something else is refused before any work
+    foreign.mkdir()
+    (foreign / "config.json").write_text('{"model_type": "llama"}')
+    with pytest.raises(ValueError, match=r"already holds other files \(config.json\)"):
+        main([*args, "--out", str(foreign)])
 
     tok = AutoTokenizer.from_pretrained(STORIES)
     model = AutoModelForCausalLM.from_pretrained(STORIES).eval()
@@ -262,7 +273,9 @@ def test_sampled_answers_are_extra_conversations_seeded_and_held_out_with_their_
     assert len(train) == 12
     # without groups (or with only greedy answers) the split is the one of earlier runs: every k-th sequence
     assert split_heldout(sequences[:8], 2) == split_heldout(sequences[:8], 2, ids[:8])
-    with pytest.raises(ValueError, match="temperature"):
+    with pytest.raises(
+        SystemExit
+    ):  # refused by the command line (`--temperature: must be a finite number...`)
         answers(tmp_path / "bad", "--samples", "1", "--temperature", "0")
 
 
@@ -272,3 +285,39 @@ def test_exit_training_needs_rows_on_both_sides_of_the_split(tmp_path):
     args = ["train", "exits", "--target", str(STORIES), "--layers", "2", "--data", str(data)]
     with pytest.raises(ValueError, match=r"holds 3 rows: --heldout 24 must leave rows on both sides"):
         main([*args, "--out", str(tmp_path / "exits")])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["train", "eagle", "--draft-vocab", "0"],
+            "argument --draft-vocab: must be an integer >= 1, got '0'",
+        ),
+        (["train", "eagle", "--epochs", "nan"], "argument --epochs: must be a finite number in (0, inf)"),
+        (["train", "lyanna", "--chain-steps", "-2"], "argument --chain-steps: must be an integer >= 1"),
+        (
+            ["train", "exits", "--layers", "2", "--max-len", "1"],
+            "argument --max-len: must be an integer >= 2",
+        ),
+        (["data", "responses", "--batch-size", "0"], "argument --batch-size: must be an integer >= 1"),
+        (["datastore", "build", "--threads", "-1"], "argument --threads: must be an integer >= 1"),
+    ],
+)
+def test_nonsense_sizes_are_refused_by_name(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--target", "x", "--out", "y"])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_answer_cache_belongs_to_the_target_that_wrote_it(tmp_path):
+    """Answers are the target's own: a cache written by one target is refused for another (was: reused silently,
+    e.g. two model folders of the same name sharing `$HF_SPEC_CACHE/data/<name>`)."""
+    from tests.conftest import make_tiny_model
+
+    cache = ResponseCache(tmp_path / "data")
+    llama = make_tiny_model("llama")
+    cache.bind_target(llama)
+    cache.bind_target(llama)  # the same target again: fine
+    with pytest.raises(ValueError, match="holds another target's answers"):
+        cache.bind_target(make_tiny_model("qwen2"))

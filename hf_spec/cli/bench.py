@@ -6,6 +6,7 @@ import argparse
 import shlex
 import sys
 
+from hf_spec.cli.argtypes import positive_int
 from hf_spec.cli.common import add_dtype_argument, resolve_dtype, set_threads
 
 
@@ -16,12 +17,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--methods", required=True, help="comma list: ar, hf-pld, hf-early-exit:K, or hf-spec name[:arg]"
     )
     p.add_argument("--prompts", required=True, help="Spec-Bench style .jsonl (question_id, category, turns)")
-    p.add_argument("--limit", type=int, default=None, help="first N prompts")
-    p.add_argument("--per-category", type=int, default=None, help="first K prompts of each category")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--limit", type=positive_int, default=None, help="first N prompts")
+    p.add_argument("--per-category", type=positive_int, default=None, help="first K prompts of each category")
+    p.add_argument("--max-new-tokens", type=positive_int, default=128)
     p.add_argument("--turns", choices=["first", "all"], default="first")
     p.add_argument("--check-lossless", action="store_true", help="compare every output with ar's")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: all cores)")
     add_dtype_argument(p)
     p.add_argument("--out", required=True, help="output folder for results.json/.md and speedup.png")
     p.set_defaults(func=run)

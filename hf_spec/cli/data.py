@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from hf_spec.cli.argtypes import nonnegative_int, positive_float, positive_int
 from hf_spec.cli.common import add_dtype_argument, resolve_dtype, set_threads
 from hf_spec.training.data import DEFAULT_PROMPTS
 
@@ -17,17 +18,19 @@ def add_data_args(parser: argparse.ArgumentParser) -> None:
         "--seed-cache", help="JSONL of earlier answers by this target to import instead of generating"
     )
     parser.add_argument("--data-dir", help="where the cache lives (default: $HF_SPEC_CACHE/data/<target>)")
-    parser.add_argument("--limit", type=int, help="use the first N prompts of each file")
-    parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--threads", type=int, help="torch CPU threads")
+    parser.add_argument("--limit", type=positive_int, help="use the first N prompts of each file")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=256)
+    parser.add_argument("--batch-size", type=positive_int, default=8)
+    parser.add_argument("--threads", type=positive_int, help="torch CPU threads")
     parser.add_argument(
         "--samples",
-        type=int,
+        type=nonnegative_int,
         default=0,
         help="answers per prompt sampled from the target besides its greedy one (more data from the same prompts)",
     )
-    parser.add_argument("--temperature", type=float, default=0.7, help="temperature of the sampled answers")
+    parser.add_argument(
+        "--temperature", type=positive_float, default=0.7, help="temperature of the sampled answers"
+    )
     parser.add_argument(
         "--cached-only",
         action="store_true",
@@ -50,7 +53,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     responses.set_defaults(func=run_responses)
     features = steps.add_parser("features", help="capture the target's features and top-K probabilities")
     add_data_args(features)
-    features.add_argument("--topk", type=int, default=16, help="target probabilities kept per position")
+    features.add_argument(
+        "--topk", type=positive_int, default=16, help="target probabilities kept per position"
+    )
     features.set_defaults(func=run_features)
 
 

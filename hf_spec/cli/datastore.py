@@ -7,6 +7,8 @@ import json
 import sys
 import time
 
+from hf_spec.cli.argtypes import nonnegative_int, positive_int
+
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("datastore", help="build or inspect a retrieval datastore")
@@ -35,11 +37,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         metavar="FILE",
         help="training prompts continued by the target's early-exit layers; repeatable",
     )
-    b.add_argument("--early-exit-layer", type=int, default=0, help="exit layer (0: 3/4 of the depth)")
-    b.add_argument("--early-exit-max-prompts", type=int, default=64)
-    b.add_argument("--early-exit-new-tokens", type=int, default=64)
+    b.add_argument(
+        "--early-exit-layer", type=nonnegative_int, default=0, help="exit layer (0: 3/4 of the depth)"
+    )
+    b.add_argument("--early-exit-max-prompts", type=positive_int, default=64)
+    b.add_argument("--early-exit-new-tokens", type=positive_int, default=64)
     b.add_argument("--recipe", default=None, help="a recipe .json instead of the source flags")
-    b.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    b.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: all cores)")
     b.add_argument("--out", required=True, help="output folder")
     b.set_defaults(func=run_build)
     i = sub.add_parser("info", help="print a datastore's recipe and statistics")
@@ -51,7 +55,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run_build(args: argparse.Namespace) -> int:
     from hf_spec.cli.common import set_threads
     from hf_spec.datastore import DatastoreRecipe, build_datastore, save_datastore
+    from hf_spec.datastore.store import is_datastore_folder
+    from hf_spec.output_folder import check_output_folder
 
+    check_output_folder(args.out, is_datastore_folder, "datastore")  # before the build, not after
     if args.recipe:
         recipe = DatastoreRecipe.from_dict(json.loads(open(args.recipe).read()))
     else:

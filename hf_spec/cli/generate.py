@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from hf_spec.cli.argtypes import float_in, positive_float, positive_int
 from hf_spec.cli.common import add_dtype_argument, resolve_dtype, set_threads
 
 DEFAULT_PROMPT = """Add type hints and a docstring to this function, and keep everything else unchanged:
@@ -33,12 +34,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("--method", default="pld", help="hf-spec method spec, e.g. pld, early-exit:6, oracle:8")
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help="user message (chat template applied)")
-    p.add_argument("--max-new-tokens", type=int, default=160)
+    p.add_argument("--max-new-tokens", type=positive_int, default=160)
     p.add_argument("--sample", action="store_true", help="do_sample=True (temperature/top-p below)")
-    p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--top-p", type=float, default=0.9)
+    p.add_argument("--temperature", type=positive_float, default=0.7)
+    p.add_argument("--top-p", type=float_in(0.0, 1.0), default=0.9)
     p.add_argument("--no-compare", action="store_true", help="skip the plain-generate baseline")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=positive_int, default=None)
     add_dtype_argument(p, default="auto")
     p.set_defaults(func=run)
     return p

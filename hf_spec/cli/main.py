@@ -9,7 +9,7 @@ import pkgutil
 import sys
 
 # every module of this package but these defines one sub-command with `add_parser(subparsers)`
-_NOT_COMMANDS = {"main", "common"}
+_NOT_COMMANDS = {"main", "common", "argtypes"}
 
 
 def command_modules() -> list[str]:

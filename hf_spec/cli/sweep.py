@@ -9,6 +9,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from hf_spec.cli.argtypes import positive_int
 from hf_spec.cli.common import add_dtype_argument, resolve_dtype, set_threads
 
 
@@ -37,16 +38,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="exits argmax over the heads' draft vocabulary (draft_vocab)",
     )
     h.add_argument("--prompts", required=True, help="Spec-Bench style .jsonl (first turns are used)")
-    h.add_argument("--limit", type=int, default=None)
-    h.add_argument("--per-category", type=int, default=None)
-    h.add_argument("--max-new-tokens", type=int, default=64)
+    h.add_argument("--limit", type=positive_int, default=None)
+    h.add_argument("--per-category", type=positive_int, default=None)
+    h.add_argument("--max-new-tokens", type=positive_int, default=64)
     h.add_argument("--draft-layers", type=_ints, required=True, help="L_d values, e.g. 4,6,8")
     h.add_argument("--verify-layers", type=_ints, required=True, help="L_i values, e.g. 8,12,16")
-    h.add_argument("--num-draft-tokens", type=int, default=2, help="N_d during the layer grid")
-    h.add_argument("--num-buffer-tokens", type=int, default=4, help="N_i during the layer grid")
+    h.add_argument("--num-draft-tokens", type=positive_int, default=2, help="N_d during the layer grid")
+    h.add_argument("--num-buffer-tokens", type=positive_int, default=4, help="N_i during the layer grid")
     h.add_argument("--nd-values", type=_ints, default=[], help="N_d values to sweep at the best pair")
     h.add_argument("--ni-values", type=_ints, default=[], help="N_i values to sweep at the best pair")
-    h.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    h.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: all cores)")
     add_dtype_argument(h)
     h.add_argument(
         "--out", required=True, help="folder for sweep.json/.md, heatmap.png, nd_ni.png, best config"

@@ -8,24 +8,33 @@ import shlex
 import sys
 from pathlib import Path
 
+from hf_spec.cli.argtypes import (
+    int_at_least,
+    nonnegative_float,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+)
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "eagle", help="train an EAGLE draft head (HASS with --topk and --align-steps)"
     )
     add_common_train_args(parser)
-    parser.add_argument("--align-steps", type=int, default=1, help="HASS context alignment steps (1 = EAGLE)")
-    parser.add_argument("--topk", type=int, default=0, help="HASS top-K distillation K (0 = off)")
-    parser.add_argument("--topk-weight", type=float, default=1.0, help="weight of the top-K loss")
+    parser.add_argument(
+        "--align-steps", type=positive_int, default=1, help="HASS context alignment steps (1 = EAGLE)"
+    )
+    parser.add_argument("--topk", type=nonnegative_int, default=0, help="HASS top-K distillation K (0 = off)")
+    parser.add_argument("--topk-weight", type=nonnegative_float, default=1.0, help="weight of the top-K loss")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from hf_spec.heads.eagle.modeling import EagleHeadConfig
     from hf_spec.heads.eagle.train import EagleTrainConfig, train_eagle
     from hf_spec.methods.eagle.config import EagleConfig
 
-    if args.align_steps < 1:
-        raise SystemExit("--align-steps must be >= 1")
     cfg = EagleTrainConfig(
         align_steps=args.align_steps,
         topk=args.topk,
@@ -33,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         **common_train_config(args),
     )
     kind = "HASS" if cfg.topk or cfg.align_steps > 1 else "EAGLE"
-    return train_and_save(args, cfg, train_eagle, EagleConfig, kind)
+    return train_and_save(args, cfg, train_eagle, EagleConfig, kind, EagleHeadConfig.model_type)
 
 
 def add_common_train_args(parser: argparse.ArgumentParser, draft_vocab: int = 32768) -> None:
@@ -41,25 +50,33 @@ def add_common_train_args(parser: argparse.ArgumentParser, draft_vocab: int = 32
 
     add_data_args(parser)
     parser.add_argument("--out", required=True, help="output folder (Hub-style head repo)")
-    parser.add_argument("--draft-vocab", type=int, default=draft_vocab, help="reduced draft vocabulary size")
-    parser.add_argument("--epochs", type=float, default=4.0)
-    parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument(
-        "--feature-weight", type=float, help="weight of the feature regression (method default)"
+        "--draft-vocab", type=positive_int, default=draft_vocab, help="reduced draft vocabulary size"
     )
-    parser.add_argument("--ce-weight", type=float, help="weight of the soft cross-entropy (method default)")
-    parser.add_argument("--batch-tokens", type=int, default=2048)
-    parser.add_argument("--max-len", type=int, default=1024)
+    parser.add_argument("--epochs", type=positive_float, default=4.0)
+    parser.add_argument("--lr", type=positive_float, default=1e-3)
+    parser.add_argument(
+        "--feature-weight", type=nonnegative_float, help="weight of the feature regression (method default)"
+    )
+    parser.add_argument(
+        "--ce-weight", type=nonnegative_float, help="weight of the soft cross-entropy (method default)"
+    )
+    parser.add_argument("--batch-tokens", type=positive_int, default=2048)
+    parser.add_argument("--max-len", type=int_at_least(2), default=1024)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--heldout", type=int, default=16, help="conversations held out for evaluation")
-    parser.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps")
+    parser.add_argument(
+        "--heldout", type=nonnegative_int, default=16, help="conversations held out for evaluation"
+    )
+    parser.add_argument("--save-every", type=positive_int, default=50, help="checkpoint every N steps")
     parser.add_argument(
         "--precision",
         choices=("auto", "bf16", "fp32"),
         default="auto",
         help="matmul precision (auto: bf16 autocast where the hardware has native bf16, else fp32)",
     )
-    parser.add_argument("--checkpoint-dir", help="default: $HF_SPEC_CACHE/runs/<out folder name>")
+    parser.add_argument(
+        "--checkpoint-dir", help="default: $HF_SPEC_CACHE/runs/<out folder name>-<hash of its path>"
+    )
 
 
 def common_train_config(args: argparse.Namespace) -> dict:
@@ -80,23 +97,29 @@ def common_train_config(args: argparse.Namespace) -> dict:
     }
 
 
-def train_and_save(args: argparse.Namespace, cfg, train_fn, recipe_cls, kind: str) -> int:
+def train_and_save(args: argparse.Namespace, cfg, train_fn, recipe_cls, kind: str, model_type: str) -> int:
     """Data (cached) -> features (cached) -> train (resumable) -> Hub-style folder with card and report."""
     from hf_spec.cli.data import conversations_from_args
     from hf_spec.heads.card import head_card
     from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER, save_head_folder
-    from hf_spec.models.fetch import cache_root
+    from hf_spec.output_folder import check_output_folder, holds_model_type
     from hf_spec.training.data import DEFAULT_PROMPTS
     from hf_spec.training.features import capture_features
     from hf_spec.training.responses import prompt_id_of
 
+    out = Path(args.out)
+    check_output_folder(out, holds_model_type(model_type), f"{model_type} head")  # before hours of training
     model, _, convs = conversations_from_args(args)
     store = capture_features(model, convs, args.data_dir, target=args.target)
+    if getattr(cfg, "topk", 0) > store.topk:
+        raise ValueError(
+            f"--topk {cfg.topk} exceeds the {store.topk} target probabilities captured per position in the "
+            "features (`hf-spec data features --topk N --data-dir ...` captures more)"
+        )
     wanted = {c.id for c in convs}
     sequences = store.load_sequences(wanted)
     groups = [prompt_id_of(cid) for cid in store.ordered_ids(wanted)]  # sampled answers go with their prompt
-    out = Path(args.out)
-    run_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else cache_root() / "runs" / out.resolve().name
+    run_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else default_run_dir(out)
     head, report = train_fn(model, sequences, run_dir, cfg, groups=groups)
     command = "hf-spec " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     report["command"] = command
@@ -109,3 +132,14 @@ def train_and_save(args: argparse.Namespace, cfg, train_fn, recipe_cls, kind: st
         f"saved {kind} head to {out}: held-out accuracy by depth {report['heldout'].get('accuracy_by_depth')}"
     )
     return 0
+
+
+def default_run_dir(out: Path) -> Path:
+    """`$HF_SPEC_CACHE/runs/<out's name>-<hash of its full path>`: two `--out`s with the same name never share a
+    checkpoint."""
+    import hashlib
+
+    from hf_spec.models.fetch import cache_root
+
+    resolved = out.resolve()
+    return cache_root() / "runs" / f"{resolved.name}-{hashlib.sha1(str(resolved).encode()).hexdigest()[:8]}"

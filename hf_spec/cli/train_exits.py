@@ -8,6 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from hf_spec.cli.argtypes import int_at_least, nonnegative_int, positive_float, positive_int
 from hf_spec.cli.common import set_threads
 
 DEFAULT_DATA = "../shared/data/train/responses/{target}.jsonl"
@@ -25,18 +26,22 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         default=DEFAULT_DATA,
         help="response cache .jsonl with 'prompt' and 'response' (training prompts only, never eval)",
     )
-    p.add_argument("--rank", type=int, default=64, help="rank of each adapter's low-rank correction")
-    p.add_argument("--steps", type=int, default=600)
-    p.add_argument("--batch-size", type=int, default=256, help="positions per step")
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--top-k", type=int, default=32, help="teacher tokens kept per position")
-    p.add_argument("--negatives", type=int, default=1024, help="random negative tokens per batch")
-    p.add_argument("--max-positions", type=int, default=60000, help="training positions to extract at most")
-    p.add_argument("--max-len", type=int, default=384, help="tokens per sequence at most")
-    p.add_argument("--heldout", type=int, default=24, help="rows held out to measure agreement")
+    p.add_argument(
+        "--rank", type=nonnegative_int, default=64, help="rank of each adapter's low-rank correction"
+    )
+    p.add_argument("--steps", type=positive_int, default=600)
+    p.add_argument("--batch-size", type=positive_int, default=256, help="positions per step")
+    p.add_argument("--lr", type=positive_float, default=2e-3)
+    p.add_argument("--top-k", type=positive_int, default=32, help="teacher tokens kept per position")
+    p.add_argument("--negatives", type=nonnegative_int, default=1024, help="random negative tokens per batch")
+    p.add_argument(
+        "--max-positions", type=positive_int, default=60000, help="training positions to extract at most"
+    )
+    p.add_argument("--max-len", type=int_at_least(2), default=384, help="tokens per sequence at most")
+    p.add_argument("--heldout", type=nonnegative_int, default=24, help="rows held out to measure agreement")
     p.add_argument(
         "--draft-vocab",
-        type=int,
+        type=nonnegative_int,
         default=32768,
         help="save the N most frequent training tokens as a draft vocabulary (exits may argmax over it); 0: none",
     )
@@ -46,7 +51,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="comma list of training files whose texts count for the draft vocabulary (besides --data)",
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: runs beside benchmarks)")
+    p.add_argument(
+        "--threads", type=positive_int, default=1, help="torch threads (default 1: runs beside benchmarks)"
+    )
     p.add_argument("--work-dir", default=None, help="features + checkpoint (default: <out>.work), resumable")
     p.set_defaults(func=run)
     return p
@@ -57,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from hf_spec.bench.runner import machine_info
+    from hf_spec.heads.exits.config import MODEL_TYPE
     from hf_spec.heads.exits.model import ExitHeads
     from hf_spec.heads.exits.train import (
         evaluate_heads,
@@ -68,14 +76,18 @@ def run(args: argparse.Namespace) -> int:
         train_heads,
     )
     from hf_spec.models import load_model
+    from hf_spec.output_folder import check_output_folder, holds_model_type
 
     set_threads(args.threads)
     torch.manual_seed(args.seed)
     try:
         layers = sorted({int(x) for x in args.layers.split(",") if x.strip()})
+        if not layers:
+            raise ValueError
     except ValueError:
         print(f"--layers must be a comma list of integers, got {args.layers!r}", file=sys.stderr)
         return 2
+    check_output_folder(args.out, holds_model_type(MODEL_TYPE), "exit-heads folder")  # before any work
     data = args.data.format(target=Path(args.target).name)
     if not Path(data).is_file():
         print(f"no training data at {data} (pass --data)", file=sys.stderr)
@@ -93,6 +105,15 @@ def run(args: argparse.Namespace) -> int:
     random.Random(args.seed).shuffle(rows)
     heldout = tokenize_rows(tokenizer, rows[: args.heldout], args.max_len)
     train = tokenize_rows(tokenizer, rows[args.heldout :], args.max_len)
+    if not train or not heldout:
+        side = "training" if not train else "held-out"
+        raise ValueError(
+            f"the {side} rows of {data} give no answer tokens to learn from (empty responses, or --max-len "
+            f"{args.max_len} shorter than the prompts)"
+        )
+    vocab = model.get_output_embeddings().weight.shape[0]
+    if args.top_k > vocab:
+        raise ValueError(f"--top-k {args.top_k} exceeds the target's vocabulary ({vocab} tokens)")
     kept, positions = [], 0
     for ids, start in train:
         if positions >= args.max_positions:

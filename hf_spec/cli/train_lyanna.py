@@ -4,19 +4,25 @@ from __future__ import annotations
 
 import argparse
 
+from hf_spec.cli.argtypes import nonnegative_int, positive_int
 from hf_spec.cli.train_eagle import add_common_train_args, common_train_config, train_and_save
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("lyanna", help="train a Lyanna hidden-state auto-regressive draft head")
     add_common_train_args(parser)
-    parser.add_argument("--chain-steps", type=int, default=4, help="chain depths unrolled in training")
-    parser.add_argument("--token-info-rank", type=int, default=64, help="rank d of W1/W2 (0: no token info)")
+    parser.add_argument(
+        "--chain-steps", type=positive_int, default=4, help="chain depths unrolled in training"
+    )
+    parser.add_argument(
+        "--token-info-rank", type=nonnegative_int, default=64, help="rank d of W1/W2 (0: no token info)"
+    )
     parser.add_argument("--no-first-token-fusion", action="store_true", help="ablation: h1 = Layer(h0)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from hf_spec.heads.lyanna.modeling import LyannaHeadConfig
     from hf_spec.heads.lyanna.train import LyannaTrainConfig, train_lyanna
     from hf_spec.methods.lyanna.config import LyannaConfig
 
@@ -26,4 +32,4 @@ def run(args: argparse.Namespace) -> int:
         first_token_fusion=not args.no_first_token_fusion,
         **common_train_config(args),
     )
-    return train_and_save(args, cfg, train_lyanna, LyannaConfig, "Lyanna")
+    return train_and_save(args, cfg, train_lyanna, LyannaConfig, "Lyanna", LyannaHeadConfig.model_type)

@@ -14,6 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
+from hf_spec.cli.argtypes import nonnegative_int, positive_int
 from hf_spec.cli.common import add_dtype_argument, resolve_dtype, set_threads
 
 
@@ -24,11 +25,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--prompts", required=True, help="ShareGPT .json, Alpaca seed-task .jsonl or Spec-Bench-style .jsonl"
     )
-    p.add_argument("--skip", type=int, default=0, help="skip the first N prompts")
-    p.add_argument("--limit", type=int, default=40, help="prompts to decode")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--skip", type=nonnegative_int, default=0, help="skip the first N prompts")
+    p.add_argument("--limit", type=positive_int, default=40, help="prompts to decode")
+    p.add_argument("--max-new-tokens", type=positive_int, default=128)
     p.add_argument("--epsilon", type=float, default=None, help="exploration while learning (default: config)")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=positive_int, default=None)
     add_dtype_argument(p)  # learn the table in the dtype it will run in: draft and target costs depend on it
     p.add_argument("--out", required=True, help="where to write the Q-table JSON")
     p.set_defaults(func=run)

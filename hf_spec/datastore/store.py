@@ -30,6 +30,7 @@ from hf_spec.datastore.sources import (
     read_texts,
     response_documents,
 )
+from hf_spec.output_folder import check_output_folder
 
 FORMAT_VERSION = 1
 
@@ -208,9 +209,15 @@ def chat_ids(tokenizer, text: str) -> list[int]:
     return tokenizer(text).input_ids
 
 
+def is_datastore_folder(folder: Path) -> bool:
+    """An earlier datastore (any format version): `meta.json` and `recipe.json` side by side."""
+    return (folder / "meta.json").is_file() and (folder / "recipe.json").is_file()
+
+
 def save_datastore(folder: str | os.PathLike, index: TokenIndex, recipe: DatastoreRecipe, meta: dict) -> Path:
     """Write atomically: a folder that exists is complete."""
     folder = Path(folder)
+    check_output_folder(folder, is_datastore_folder, "datastore")
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     index.save(tmp)

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from hf_spec.config import MethodConfig
+from hf_spec.output_folder import check_output_folder, holds_model_type
 
 _REEXPORT = '''"""Re-exports hf-spec's {kind} classes for `trust_remote_code` loading. Requires `pip install hf-spec`."""
 
@@ -41,6 +42,7 @@ HEAD_IN_THIS_FOLDER = "."  # a recipe's head path meaning "the folder custom_gen
 def save_head_folder(head, folder: str | os.PathLike, recipe: MethodConfig, card: str) -> Path:
     """Write `head` (a `DraftHeadModel`) and everything around it to `folder`."""
     folder = Path(folder)
+    check_output_folder(folder, holds_model_type(head.config.model_type), f"{head.config.model_type} head")
     folder.mkdir(parents=True, exist_ok=True)
     config_cls, model_cls = type(head.config), type(head)
     head.config.auto_map = {

@@ -38,6 +38,7 @@ def load_conversations(
         model, tokenizer = load_model(target, dtype=dtype)
     prompts = [p for path in (prompt_files or DEFAULT_PROMPTS) for p in load_train_prompts(path, limit)]
     cache = ResponseCache(data_dir or default_data_dir(target))
+    cache.bind_target(model)
     convs = generate_responses(
         model,
         tokenizer,

@@ -117,20 +117,28 @@ def capture_features(
     data_dir: str | os.PathLike | None = None,
     *,
     target: str = "",
-    topk: int = 16,
+    topk: int | None = None,
     shard_tokens: int = 65536,
     logits_chunk: int = 256,
     progress: bool = True,
 ) -> FeatureStore:
-    """Capture features of `conversations` not captured yet into `<data_dir>/features`."""
+    """Capture features of `conversations` not captured yet into `<data_dir>/features`, keeping the target's
+    `topk` most likely next tokens per position (None: as many as the store already keeps, 16 for a new one)."""
     folder = Path(data_dir or default_data_dir(target or model.name_or_path)) / "features"
     folder.mkdir(parents=True, exist_ok=True)
     store = FeatureStore.open(folder)
     fingerprint = target_fingerprint(model)
     if store.shards and store.fingerprint.get("signature") != fingerprint["signature"]:
         raise ValueError(f"{folder} holds features of another target; use another --data-dir")
+    if topk is None:
+        topk = store.topk if store.shards else 16
+    vocab = model.get_input_embeddings().weight.shape[0]
+    if not 1 <= topk <= vocab:
+        raise ValueError(f"topk must be in 1..{vocab} (the target's vocabulary), got {topk}")
     if store.shards and store.topk != topk:
-        raise ValueError(f"{folder} was captured with topk={store.topk}, not {topk}")
+        raise ValueError(
+            f"{folder} was captured with --topk {store.topk}, not {topk}: use that or another --data-dir"
+        )
     store.topk, store.fingerprint = topk, fingerprint
     parts = decoder_parts(model)
     captured = store.captured()

@@ -60,6 +60,24 @@ class ResponseCache:
         self.folder = Path(folder)
         self.path = self.folder / "responses.jsonl"
 
+    def bind_target(self, model) -> None:
+        """Record the fingerprint of the target writing this cache, or check it is the one recorded: the answers
+        must be that target's own (a cache named after another model folder of the same name is refused)."""
+        from hf_spec.models.fingerprint import check_fingerprint, target_fingerprint
+
+        record = self.folder / "target.json"
+        if record.exists():
+            try:
+                check_fingerprint(json.loads(record.read_text()), model, "answers")
+            except ValueError:
+                raise ValueError(
+                    f"the answer cache at {self.folder} holds another target's answers (see {record.name}): "
+                    "give another --data-dir"
+                ) from None
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps(target_fingerprint(model)) + "\n")
+
     def load(self) -> dict[str, Conversation]:
         rows: dict[str, Conversation] = {}
         if not self.path.exists():

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import json
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -98,6 +100,43 @@ class HeadTrainConfig:
     extra: dict = field(default_factory=dict)
 
 
+_RESUMABLE_CHANGES = {"save_every", "precision"}  # training settings a resumed run may change
+_HEAD_CONFIG_BOOKKEEPING = {
+    "transformers_version",
+    "training",
+    "auto_map",
+    "architectures",
+    "_name_or_path",
+    "target",
+}
+
+
+def run_identity(head, cfg: HeadTrainConfig) -> dict:
+    """What a checkpoint must match to be resumed: the training settings and the head's own config."""
+    head_config = {k: v for k, v in head.config.to_dict().items() if k not in _HEAD_CONFIG_BOOKKEEPING}
+    train = {k: v for k, v in asdict(cfg).items() if k not in _RESUMABLE_CHANGES}
+    return json.loads(json.dumps({"training": train, "head": head_config}, default=str))
+
+
+def check_resumable(saved: dict | None, now: dict, out: Path) -> None:
+    """Refuse to resume a checkpoint made with other settings (its weights, schedule or shapes would not fit);
+    checkpoints from before the settings were recorded (`saved` None) are not checked."""
+    if saved is None:
+        return
+    changed = [
+        f"{key} {saved.get(part, {}).get(key)!r} -> {now[part].get(key)!r}"
+        for part in now
+        for key in sorted(set(now[part]) | set(saved.get(part, {})))
+        if now[part].get(key) != saved.get(part, {}).get(key)
+    ]
+    if changed:
+        named = "; ".join(dict.fromkeys(changed))  # a setting of both the training and the head: named once
+        raise ValueError(
+            f"{out} holds a run with other settings ({named}): rerun with the same options to resume it, or "
+            "give another --checkpoint-dir (or delete that folder) to start afresh"
+        )
+
+
 def autocast_dtype(precision: str) -> torch.dtype | None:
     """The autocast dtype for `precision` ("auto" | "bf16" | "fp32"); None = no autocast."""
     if precision not in ("auto", "bf16", "fp32"):
@@ -162,11 +201,19 @@ def train_head(
     torch.manual_seed(cfg.seed)
     out = Path(out)
     train_set, heldout = split_heldout(sequences, cfg.heldout, groups)
+    if cfg.heldout and not heldout:
+        warnings.warn(
+            f"--heldout {cfg.heldout} needs at least {2 * cfg.heldout} prompts, the data has fewer: "
+            "training without a held-out evaluation",
+            stacklevel=2,
+        )
     vocab_size = target.get_input_embeddings().weight.shape[0]
     eos = target.generation_config.eos_token_id
     keep = [eos] if isinstance(eos, int) else list(eos or [])
     checkpoint = Checkpoint(out / "checkpoint")
+    identity = run_identity(head, cfg)
     if checkpoint.exists():
+        check_resumable(checkpoint.peek_extra().get("run"), identity, out)
         head.d2t.copy_(torch.tensor(checkpoint.peek_extra()["d2t"]))
     else:
         head.d2t.copy_(draft_vocabulary(train_set, head.config.draft_vocab_size, vocab_size, keep))
@@ -188,7 +235,10 @@ def train_head(
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     scheduler = warmup_linear_decay(optimizer, total_steps, int(cfg.warmup * total_steps))
     data = {"conversations": len(train_set), "tokens": sum(lengths)}
-    step, extra = 0, {"d2t": head.d2t.tolist(), "history": [], "wall_seconds": 0.0, "data": data}
+    step, extra = (
+        0,
+        {"d2t": head.d2t.tolist(), "history": [], "wall_seconds": 0.0, "data": data, "run": identity},
+    )
     if checkpoint.exists():
         step, extra = checkpoint.load(head, optimizer, scheduler)
         if extra.get("data", data) != data:  # runs checkpointed before the data was recorded: not checked

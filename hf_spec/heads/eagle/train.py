@@ -66,5 +66,6 @@ def train_eagle(
 ):
     """Train (or resume) an EAGLE/HASS head for `target`; returns `(head, report)`. `groups`: the prompt of each
     sequence (see `train_head`)."""
+    torch.manual_seed(cfg.seed)  # the head's initial weights too: one --seed, one head
     head = EagleHeadModel(EagleHeadConfig.for_target(target, cfg.draft_vocab))
     return train_head(target, head, sequences, out, cfg, head_step, progress, groups)

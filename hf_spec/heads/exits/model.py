@@ -18,10 +18,11 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import PreTrainedModel
 
-from hf_spec.heads.exits.config import ExitHeadsConfig
+from hf_spec.heads.exits.config import MODEL_TYPE, ExitHeadsConfig
 from hf_spec.kernels.skinny_linear import skinny_linear
 from hf_spec.models.fingerprint import check_fingerprint, target_fingerprint
 from hf_spec.models.layers import DecoderParts, decoder_parts
+from hf_spec.output_folder import check_output_folder, holds_model_type
 
 WEIGHTS_NAME = "model.safetensors"
 
@@ -94,6 +95,7 @@ class ExitHeads(nn.Module):
 
     def save_pretrained(self, folder: str | os.PathLike, dtype: torch.dtype = torch.bfloat16) -> Path:
         path = Path(folder)
+        check_output_folder(path, holds_model_type(MODEL_TYPE), "exit-heads folder")
         path.mkdir(parents=True, exist_ok=True)
         self.config.save(path)
         state = {

@@ -12,6 +12,7 @@ measure  : on held-out training sequences, how often each exit's argmax over the
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -27,6 +28,7 @@ from transformers import PreTrainedModel
 
 from hf_spec.heads.exits.model import ExitHeads
 from hf_spec.models.layers import decoder_parts
+from hf_spec.training.trainer import check_resumable
 
 Progress = Callable[..., object] | None  # tqdm-like factory: progress(total=..., desc=...)
 
@@ -212,8 +214,22 @@ def train_heads(
     history: list[float] = []
     start = 0
     ckpt = Path(checkpoint) if checkpoint else None
+    c = heads.config
+    settings = {
+        "training": dict(
+            layers=c.layers,
+            rank=c.rank,
+            steps=steps,
+            batch_size=batch_size,
+            lr=lr,
+            seed=seed,
+            negatives=negatives,
+            positions=len(features),
+        )
+    }
     if ckpt is not None and ckpt.is_file():
         state = torch.load(ckpt, weights_only=False)
+        check_resumable(state.get("settings"), settings, ckpt.parent)
         heads.load_state_dict(state["heads"])
         opt.load_state_dict(state["optim"])
         start, history = state["step"], state["history"]
@@ -253,6 +269,7 @@ def train_heads(
                     "heads": heads.state_dict(),
                     "optim": opt.state_dict(),
                     "history": history,
+                    "settings": settings,
                 },
                 tmp,
             )
@@ -303,6 +320,14 @@ def evaluate_heads(
     return result
 
 
+def _digest(sequences: list[tuple[torch.Tensor, int]]) -> str:
+    """A short hash of a chunk's token ids and prompt lengths: another data file never reuses its features."""
+    h = hashlib.sha1()
+    for ids, prompt_len in sequences:
+        h.update(ids.to(torch.int64).numpy().tobytes() + prompt_len.to_bytes(8, "little", signed=True))
+    return h.hexdigest()[:12]
+
+
 def extract_cached(
     model: PreTrainedModel,
     sequences: list[tuple[torch.Tensor, int]],
@@ -318,11 +343,12 @@ def extract_cached(
     parts = []
     bar = progress(total=len(sequences), desc=f"features ({name})", unit="seq") if progress else None
     for i in range(0, len(sequences), chunk):
-        file = work_dir / f"{name}-{i // chunk:04d}.safetensors"
+        part_sequences = sequences[i : i + chunk]
+        file = work_dir / f"{name}-{i // chunk:04d}-{_digest(part_sequences)}.safetensors"
         if file.is_file():
             part = Features.load(file)
         else:
-            part = extract_features(model, sequences[i : i + chunk], layers, top_k)
+            part = extract_features(model, part_sequences, layers, top_k)
             tmp = file.with_suffix(".tmp")
             part.save(tmp)
             os.replace(tmp, file)

@@ -84,4 +84,5 @@ def train_lyanna(
         token_info_rank=cfg.token_info_rank,
         first_token_fusion=cfg.first_token_fusion,
     )
+    torch.manual_seed(cfg.seed)  # the head's initial weights too: one --seed, one head
     return train_head(target, LyannaHeadModel(config), sequences, out, cfg, lyanna_step, progress, groups)
