@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shlex
 import sys
@@ -137,8 +138,6 @@ def train_and_save(args: argparse.Namespace, cfg, train_fn, recipe_cls, kind: st
 def default_run_dir(out: Path) -> Path:
     """`$HF_SPEC_CACHE/runs/<out's name>-<hash of its full path>`: two `--out`s with the same name never share a
     checkpoint."""
-    import hashlib
-
     from hf_spec.models.fetch import cache_root
 
     resolved = out.resolve()
