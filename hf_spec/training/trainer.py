@@ -213,8 +213,9 @@ def train_head(
     checkpoint = Checkpoint(out / "checkpoint")
     identity = run_identity(head, cfg)
     if checkpoint.exists():
-        check_resumable(checkpoint.peek_extra().get("run"), identity, out)
-        head.d2t.copy_(torch.tensor(checkpoint.peek_extra()["d2t"]))
+        saved = checkpoint.peek_extra()
+        check_resumable(saved.get("run"), identity, out)
+        head.d2t.copy_(torch.tensor(saved["d2t"]))
     else:
         head.d2t.copy_(draft_vocabulary(train_set, head.config.draft_vocab_size, vocab_size, keep))
         if cfg.init_from_last_layer:
