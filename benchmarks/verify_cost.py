@@ -30,7 +30,8 @@ def main() -> None:
 
 
 def measure(model, past: int) -> None:
-    """The kernels are float32 only: in other dtypes both columns run stock `F.linear`."""
+    """The C++ kernels are float32 only: in other dtypes the second column differs from stock only where
+    `mm_trick_pays` routes 8-32 rows through `(W @ x.T).T` (`HF_SPEC_MM_TRICK=0/1` forces either)."""
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
         model(input_ids=torch.randint(100, 10000, (1, past)), past_key_values=cache, use_cache=True)

@@ -40,7 +40,7 @@ def prompt_file(tmp_path):
 
 def test_bench_writes_spec_bench_results(prompt_file, tmp_path):
     out = tmp_path / "out"
-    methods = "ar,hf-pld,hf-early-exit:3,pld,early-exit:3,oracle:4"
+    methods = "ar,ar-kernels,hf-pld,hf-early-exit:3,pld,early-exit:3,oracle:4"
     code = main(
         [
             "bench",
@@ -78,9 +78,11 @@ def test_bench_writes_spec_bench_results(prompt_file, tmp_path):
             assert entry["lossless_mismatches"] == 0 and entry["near_tie_mismatches"] == 0
     oracle = results["summary"]["oracle:4"]
     assert oracle["tau"] > 3.5
+    # plain decoding on hf-spec's kernels: one token a forward
+    assert results["summary"]["ar-kernels"]["tau"] == pytest.approx(1.0)
     # the oracle drafts 4 correct tokens a round: every round that drafts accepts all of them
     assert oracle["acceptance_by_depth"] == [1.0] * 4
-    assert len(results["runs"]) == 6 * 3
+    assert len(results["runs"]) == 7 * 3
     assert results["machine"]["torch_threads"] == 1
     assert results["machine"]["one_row_kernel"] in (True, False, None)  # the measured decision, if any
     assert results["command"].startswith("hf-spec bench --target")

@@ -192,6 +192,44 @@ def test_one_row_kernel_is_used_where_measured_faster(kernel, monkeypatch):
     assert calls == [1]
 
 
+@pytest.mark.parametrize("flag", ["0", "1"])
+def test_mm_trick_only_where_it_pays(monkeypatch, flag):
+    """Outside the kernel (bfloat16 here), 8..32 rows go through `(W @ x.T).T` only where it is measured faster
+    (`HF_SPEC_MM_TRICK` forces the measured answer); the values are F.linear's either way."""
+    monkeypatch.setenv("HF_SPEC_MM_TRICK", flag)
+    calls = []
+    real_mm = torch.mm
+    monkeypatch.setattr(skinny_linear_module.torch, "mm", lambda *a: calls.append(1) or real_mm(*a))
+    w = torch.randn(40, 96, dtype=torch.bfloat16)
+    for rows in (1, 7, 9, 32, 33):
+        x = torch.randn(1, rows, 96, dtype=torch.bfloat16)
+        torch.testing.assert_close(skinny_linear(x, w), F.linear(x, w), atol=0.05, rtol=0.02)
+    assert len(calls) == 2 * (flag == "1")  # 9 and 32 rows
+
+
+def test_mm_trick_is_measured_once_per_dtype(monkeypatch):
+    def slow(fn):
+        def run(*args):
+            time.sleep(0.002)  # far above either matmul of this tiny measurement
+            return fn(*args)
+
+        return run
+
+    monkeypatch.setattr(skinny_linear_module.torch, "mm", slow(torch.mm))
+    assert not skinny_linear_module._measure_mm_trick(torch.bfloat16, repeats=1)
+    monkeypatch.undo()
+    monkeypatch.setattr(skinny_linear_module, "F", types.SimpleNamespace(linear=slow(F.linear)))
+    assert skinny_linear_module._measure_mm_trick(torch.bfloat16, repeats=1)
+    monkeypatch.undo()
+    monkeypatch.delenv("HF_SPEC_MM_TRICK", raising=False)
+    monkeypatch.setattr(skinny_linear_module, "_mm_trick", {})
+    calls = []
+    monkeypatch.setattr(skinny_linear_module, "_measure_mm_trick", lambda dtype: calls.append(dtype) or True)
+    for dtype in (torch.bfloat16, torch.bfloat16, torch.float16, torch.bfloat16):
+        assert skinny_linear_module.mm_trick_pays(dtype)
+    assert calls == [torch.bfloat16, torch.float16]
+
+
 def test_fast_linears_matches_and_restores_forwards():
     model = make_tiny_model("qwen2")
     linears = [m for m in model.modules() if type(m) is nn.Linear]

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from hf_spec.decoder import SpeculativeDecoder
-from hf_spec.kernels.skinny_linear import one_row_kernel_decision
+from hf_spec.kernels.skinny_linear import fast_linears, one_row_kernel_decision
 from hf_spec.models.fetch import dtype_name
 
 # Spec-Bench's six groups: the eight MT-bench categories count as one
@@ -106,7 +106,10 @@ class Method:
         self.model = model
         self.kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False)
         self.decoder: SpeculativeDecoder | None = None
-        if name == "ar":
+        self.kernels = (
+            name == "ar-kernels"
+        )  # plain decoding on hf-spec's CPU matmul kernels: their share alone
+        if name in ("ar", "ar-kernels"):
             pass
         elif name == "hf-pld":
             self.kwargs["prompt_lookup_num_tokens"] = 10
@@ -123,7 +126,8 @@ class Method:
             self.decoder.drafter_for(self.model).set_reference(reference)
         counter.count = 0
         start = time.perf_counter()
-        out = self.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), **self.kwargs)
+        with fast_linears(self.model, enabled=self.kernels):
+            out = self.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), **self.kwargs)
         elapsed = time.perf_counter() - start
         new = out.shape[1] - input_ids.shape[1]
         row = {"new_tokens": new, "seconds": elapsed, "tokens_per_s": new / elapsed}

@@ -14,7 +14,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("bench", help="benchmark methods against plain generate (Spec-Bench style)")
     p.add_argument("--target", required=True, help="known model name, local folder or Hub id")
     p.add_argument(
-        "--methods", required=True, help="comma list: ar, hf-pld, hf-early-exit:K, or hf-spec name[:arg]"
+        "--methods",
+        required=True,
+        help="comma list: ar, ar-kernels (plain decoding on hf-spec's CPU matmul kernels), hf-pld, hf-early-exit:K, "
+        "or hf-spec name[:arg]",
     )
     p.add_argument("--prompts", required=True, help="Spec-Bench style .jsonl (question_id, category, turns)")
     p.add_argument("--limit", type=positive_int, default=None, help="first N prompts")

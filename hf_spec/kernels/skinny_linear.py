@@ -2,8 +2,8 @@
 
 On x86 CPUs (MKL), `F.linear(x, W)` with 4..32 rows runs 2-3x below memory bandwidth. Inside `fast_linears`,
 fp32 CPU inputs with 2..32 rows go to a C++ kernel that reads each row of W once (`cpu_skinny_gemm`); without
-that kernel (no compiler, `HF_SPEC_NO_CPP_KERNELS=1`, other dtypes), 8..32 rows are computed as `(W @ x.T).T`,
-which MKL runs closer to bandwidth. More than 32 rows stay `F.linear`; so does one row unless the kernel is
+that kernel (no compiler, `HF_SPEC_NO_CPP_KERNELS=1`, other dtypes), 8..32 rows are computed as `(W @ x.T).T`
+where that is measured faster (`mm_trick_pays`: MKL runs it closer to bandwidth on an Intel Xeon). More than 32 rows stay `F.linear`; so does one row unless the kernel is
 measured faster on this machine (`one_row_kernel_pays`: MKL's GEMV is on an Intel Xeon, not on an AMD EPYC,
 where the kernel takes the 151,936-row LM head from 34 to 19 ms). hf-spec's loop never uses this for its own
 one-token steps (plain decoding stays `generate`'s), only drafters do.
@@ -44,7 +44,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
             y = cpu_skinny_gemm.kernel_linear(x, weight, bias)
             if y is not None:
                 return y
-        if MIN_ROWS <= rows <= MAX_ROWS and x.is_cpu:
+        if MIN_ROWS <= rows <= MAX_ROWS and x.is_cpu and mm_trick_pays(x.dtype):
             y = torch.mm(weight, x.reshape(rows, x.shape[-1]).t()).t()
             if bias is not None:
                 y = y + bias
@@ -53,7 +53,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 _one_row: dict[int, bool] = {}  # torch thread count -> the kernel beat F.linear on one row
-_one_row_lock = threading.Lock()
+_measure_lock = threading.Lock()
 
 
 def one_row_kernel_pays() -> bool:
@@ -64,7 +64,7 @@ def one_row_kernel_pays() -> bool:
         return flag in ("1", "true", "yes")
     threads = torch.get_num_threads()
     if threads not in _one_row:
-        with _one_row_lock:
+        with _measure_lock:
             if threads not in _one_row:
                 _one_row[threads] = _measure_one_row()
     return _one_row[threads]
@@ -95,6 +95,44 @@ def _measure_one_row(repeats: int = 5) -> bool:
         statistics.median(seconds(cpu_skinny_gemm.kernel_linear) / seconds(F.linear) for _ in range(repeats))
         < 0.8
     )
+
+
+_mm_trick: dict[tuple[int, torch.dtype], bool] = {}  # (threads, dtype) -> (W @ x.T).T beat F.linear on 9 rows
+
+
+def mm_trick_pays(dtype: torch.dtype) -> bool:
+    """Whether `(W @ x.T).T` beats `F.linear` on 9 rows of `dtype` here: measured once per torch thread count and
+    dtype (~0.5 s, 256 MiB of weights); `HF_SPEC_MM_TRICK=1` / `0` forces it. It pays on an Intel Xeon in float32
+    and in bfloat16 with AMX (89 -> 77 ms for a 13-row Qwen forward) but not on an AMD EPYC Zen 5 in bfloat16
+    (63 -> 79 ms)."""
+    flag = os.environ.get("HF_SPEC_MM_TRICK", "").strip().lower()
+    if flag in ("0", "1", "true", "false", "yes", "no"):
+        return flag in ("1", "true", "yes")
+    key = (torch.get_num_threads(), dtype)
+    if key not in _mm_trick:
+        with _measure_lock:
+            if key not in _mm_trick:
+                _mm_trick[key] = _measure_mm_trick(dtype)
+    return _mm_trick[key]
+
+
+@torch.no_grad()
+def _measure_mm_trick(dtype: torch.dtype, repeats: int = 5) -> bool:
+    count = (256 << 20) // (2048 * 1024 * torch.empty((), dtype=dtype).element_size())
+    weights = [torch.full((2048, 1024), 0.01, dtype=dtype) for _ in range(count)]
+    x = torch.full((9, 1024), 0.5, dtype=dtype)
+
+    def seconds(fn: Callable) -> float:
+        start = time.perf_counter()
+        for w in weights:
+            fn(x, w)
+        return time.perf_counter() - start
+
+    def mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.mm(w, x.t()).t()
+
+    seconds(mm), seconds(F.linear)  # warm-up pair
+    return statistics.median(seconds(mm) / seconds(F.linear) for _ in range(repeats)) < 0.9
 
 
 def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
