@@ -143,6 +143,14 @@ HF_AVX512 inline __m128 hsum128_avx512(__m512 a) {
   return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
+// the order of the 4-row epilogue's hadd tree, so a row of w gets the same bits in a full tile and in a tail tile
+HF_AVX512 inline float hsum_avx512(__m512 a) {
+  __m128 s = hsum128_avx512(a);
+  s = _mm_hadd_ps(s, s);
+  s = _mm_hadd_ps(s, s);
+  return _mm_cvtss_f32(s);
+}
+
 template <int NRT, int MR>
 HF_AVX512 void tile_avx512(const float* __restrict w, const float* __restrict x, int64_t K, int64_t N,
                            float* __restrict y, const float* __restrict bias, const float* next, int npf) {
@@ -187,7 +195,7 @@ HF_AVX512 void tile_avx512(const float* __restrict w, const float* __restrict x,
     }
   } else {
     for (int j = 0; j < MR; ++j)
-      for (int i = 0; i < NRT; ++i) y[j * N + i] = _mm512_reduce_add_ps(acc[i][j]) + (bias ? bias[i] : 0.0f);
+      for (int i = 0; i < NRT; ++i) y[j * N + i] = hsum_avx512(acc[i][j]) + (bias ? bias[i] : 0.0f);
   }
 }
 
