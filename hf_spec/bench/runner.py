@@ -106,9 +106,8 @@ class Method:
         self.model = model
         self.kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False)
         self.decoder: SpeculativeDecoder | None = None
-        self.kernels = (
-            name == "ar-kernels"
-        )  # plain decoding on hf-spec's CPU matmul kernels: their share alone
+        # ar-kernels: plain decoding on hf-spec's CPU matmul kernels, to measure their share alone
+        self.kernels = name == "ar-kernels"
         if name in ("ar", "ar-kernels"):
             pass
         elif name == "hf-pld":

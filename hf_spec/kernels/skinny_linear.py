@@ -3,9 +3,10 @@
 On x86 CPUs (MKL), `F.linear(x, W)` with 4..32 rows runs 2-3x below memory bandwidth. Inside `fast_linears`,
 fp32 CPU inputs with 2..32 rows go to a C++ kernel that reads each row of W once (`cpu_skinny_gemm`); without
 that kernel (no compiler, `HF_SPEC_NO_CPP_KERNELS=1`, other dtypes), 8..32 rows are computed as `(W @ x.T).T`
-where that is measured faster (`mm_trick_pays`: MKL runs it closer to bandwidth on an Intel Xeon). More than 32 rows stay `F.linear`; so does one row unless the kernel is
-measured faster on this machine (`one_row_kernel_pays`: MKL's GEMV is on an Intel Xeon, not on an AMD EPYC,
-where the kernel takes the 151,936-row LM head from 34 to 19 ms). hf-spec's loop never uses this for its own
+where that is measured faster (`mm_trick_pays`: MKL runs it closer to bandwidth on an Intel Xeon). More than 32
+rows stay `F.linear`; so does one row unless the kernel is measured faster on this machine
+(`one_row_kernel_pays`: MKL's GEMV is on an Intel Xeon, not on an AMD EPYC, where the kernel takes the 151,936-row
+LM head from 34 to 19 ms). hf-spec's loop never uses this for its own
 one-token steps (plain decoding stays `generate`'s), only drafters do.
 
 Measured on a 2-core Intel Xeon (torch 2.13, MKL, 2 threads, weights streamed from DRAM; F.linear's times on one
@@ -53,21 +54,17 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 _one_row: dict[int, bool] = {}  # torch thread count -> the kernel beat F.linear on one row
+_mm_trick: dict[tuple[int, torch.dtype], bool] = {}  # (threads, dtype) -> (W @ x.T).T beat F.linear on 9 rows
 _measure_lock = threading.Lock()
 
 
 def one_row_kernel_pays() -> bool:
     """Whether the kernel beats `F.linear` on one row of x here: measured once per torch thread count (~0.5 s, on
     256 MiB of weights so they stream from DRAM as a model's do); `HF_SPEC_ONE_ROW_KERNEL=1` / `0` forces it."""
-    flag = os.environ.get("HF_SPEC_ONE_ROW_KERNEL", "").strip().lower()
-    if flag in ("0", "1", "true", "false", "yes", "no"):
-        return flag in ("1", "true", "yes")
-    threads = torch.get_num_threads()
-    if threads not in _one_row:
-        with _measure_lock:
-            if threads not in _one_row:
-                _one_row[threads] = _measure_one_row()
-    return _one_row[threads]
+    forced = _forced("HF_SPEC_ONE_ROW_KERNEL")
+    if forced is not None:
+        return forced
+    return _remembered(_one_row, torch.get_num_threads(), lambda: _measure_one_row())
 
 
 def one_row_kernel_decision() -> bool | None:
@@ -75,64 +72,68 @@ def one_row_kernel_decision() -> bool | None:
     return _one_row.get(torch.get_num_threads())
 
 
-@torch.no_grad()
-def _measure_one_row(repeats: int = 5) -> bool:
-    # 256 MiB of weights: with 64 MiB a large L3 (AMD EPYC) kept part of them cached and the ratio flapped
-    # around the threshold between processes (0.70-0.85); at this size it is 0.65-0.71 there, run to run
-    weights = [torch.full((2048, 1024), 0.01) for _ in range(32)]
-    x = torch.full((1, 1024), 0.5)
-    if cpu_skinny_gemm.kernel_linear(x, weights[0]) is None:
-        return False
-
-    def seconds(fn: Callable) -> float:
-        start = time.perf_counter()
-        for w in weights:
-            fn(x, w)
-        return time.perf_counter() - start
-
-    seconds(cpu_skinny_gemm.kernel_linear), seconds(F.linear)  # warm-up pair
-    return (
-        statistics.median(seconds(cpu_skinny_gemm.kernel_linear) / seconds(F.linear) for _ in range(repeats))
-        < 0.8
-    )
-
-
-_mm_trick: dict[tuple[int, torch.dtype], bool] = {}  # (threads, dtype) -> (W @ x.T).T beat F.linear on 9 rows
-
-
 def mm_trick_pays(dtype: torch.dtype) -> bool:
     """Whether `(W @ x.T).T` beats `F.linear` on 9 rows of `dtype` here: measured once per torch thread count and
     dtype (~0.5 s, 256 MiB of weights); `HF_SPEC_MM_TRICK=1` / `0` forces it. It pays on an Intel Xeon in float32
     and in bfloat16 with AMX (89 -> 77 ms for a 13-row Qwen forward) but not on an AMD EPYC Zen 5 in bfloat16
     (63 -> 79 ms)."""
-    flag = os.environ.get("HF_SPEC_MM_TRICK", "").strip().lower()
-    if flag in ("0", "1", "true", "false", "yes", "no"):
-        return flag in ("1", "true", "yes")
-    key = (torch.get_num_threads(), dtype)
-    if key not in _mm_trick:
+    forced = _forced("HF_SPEC_MM_TRICK")
+    if forced is not None:
+        return forced
+    return _remembered(_mm_trick, (torch.get_num_threads(), dtype), lambda: _measure_mm_trick(dtype))
+
+
+def _forced(env_var: str) -> bool | None:
+    """The decision an environment variable forces (1/0, true/false, yes/no), None where it names none."""
+    flag = os.environ.get(env_var, "").strip().lower()
+    return flag in ("1", "true", "yes") if flag in ("0", "1", "true", "false", "yes", "no") else None
+
+
+def _remembered(decisions: dict, key, measure: Callable[[], bool]) -> bool:
+    """`decisions[key]`, measured once (under a lock: two threads never measure at the same time)."""
+    if key not in decisions:
         with _measure_lock:
-            if key not in _mm_trick:
-                _mm_trick[key] = _measure_mm_trick(dtype)
-    return _mm_trick[key]
+            if key not in decisions:
+                decisions[key] = measure()
+    return decisions[key]
+
+
+@torch.no_grad()
+def _measure_one_row(repeats: int = 5) -> bool:
+    weights = _streamed_weights(torch.float32)
+    x = torch.full((1, 1024), 0.5)
+    if cpu_skinny_gemm.kernel_linear(x, weights[0]) is None:
+        return False
+    return _time_ratio(cpu_skinny_gemm.kernel_linear, x, weights, repeats) < 0.8
 
 
 @torch.no_grad()
 def _measure_mm_trick(dtype: torch.dtype, repeats: int = 5) -> bool:
-    count = (256 << 20) // (2048 * 1024 * torch.empty((), dtype=dtype).element_size())
-    weights = [torch.full((2048, 1024), 0.01, dtype=dtype) for _ in range(count)]
-    x = torch.full((9, 1024), 0.5, dtype=dtype)
-
-    def seconds(fn: Callable) -> float:
-        start = time.perf_counter()
-        for w in weights:
-            fn(x, w)
-        return time.perf_counter() - start
-
     def mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return torch.mm(w, x.t()).t()
 
-    seconds(mm), seconds(F.linear)  # warm-up pair
-    return statistics.median(seconds(mm) / seconds(F.linear) for _ in range(repeats)) < 0.9
+    x = torch.full((9, 1024), 0.5, dtype=dtype)
+    return _time_ratio(mm, x, _streamed_weights(dtype), repeats) < 0.9
+
+
+def _streamed_weights(dtype: torch.dtype) -> list[torch.Tensor]:
+    # 256 MiB of weights: with 64 MiB a large L3 (AMD EPYC) kept part of them cached and the one-row ratio flapped
+    # around its threshold between processes (0.70-0.85); at this size it is 0.65-0.71 there, run to run
+    count = (256 << 20) // (2048 * 1024 * torch.empty((), dtype=dtype).element_size())
+    return [torch.full((2048, 1024), 0.01, dtype=dtype) for _ in range(count)]
+
+
+def _time_ratio(fn: Callable, x: torch.Tensor, weights: list[torch.Tensor], repeats: int) -> float:
+    """Median over `repeats` of (time of `fn(x, w)` / time of `F.linear(x, w)`) over all `weights`, after a warm-up."""
+
+    def seconds(f: Callable) -> float:
+        start = time.perf_counter()
+        for w in weights:
+            f(x, w)
+        return time.perf_counter() - start
+
+    seconds(fn), seconds(F.linear)  # warm-up pair
+    return statistics.median(seconds(fn) / seconds(F.linear) for _ in range(repeats))
 
 
 def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
