@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import weakref
+from typing import Literal
 
 import torch
 from transformers import LogitsProcessorList, PreTrainedModel, StoppingCriteriaList, StopStringCriteria
+from transformers.utils import logging
 
 from hf_spec.config import MethodConfig
 from hf_spec.generate import (
@@ -17,6 +20,9 @@ from hf_spec.generate import (
 )
 from hf_spec.methods.base import Drafter
 from hf_spec.registry import get_method, parse_method
+from hf_spec.rows import combine_stats, generate_rows
+
+logger = logging.get_logger(__name__)
 
 
 class SpeculativeDecoder:
@@ -27,13 +33,28 @@ class SpeculativeDecoder:
         >>> out = model.generate(**inputs, max_new_tokens=64, custom_generate=decoder)
         >>> decoder.last_stats.tau
 
+    A batch (left-padded, as transformers wants for decoder-only models) is decoded one row at a time with the
+    same drafter and written back as transformers lays out a batch (see `hf_spec.rows.generate_rows`).
+
     Args:
         method: a registry spec (`"name"` or `"name:arg"`), a `MethodConfig`, or a ready `Drafter`.
         tokenizer: passed to drafters that need one.
         seed: seeds the acceptance sampler (only used with `do_sample=True`).
+        batches: `"rows"` (default) decodes a batch row by row with speculation; `"plain"` hands a batch to
+            transformers' own decoding unchanged (no speculation, `last_stats` None), which is faster where a
+            batched step costs much less per row than a single one (small models, larger batches).
     """
 
-    def __init__(self, method: str | MethodConfig | Drafter = "pld", tokenizer=None, seed: int | None = None):
+    def __init__(
+        self,
+        method: str | MethodConfig | Drafter = "pld",
+        tokenizer=None,
+        seed: int | None = None,
+        batches: Literal["rows", "plain"] = "rows",
+    ):
+        if batches not in ("rows", "plain"):
+            raise ValueError(f"batches must be 'rows' or 'plain', got {batches!r}")
+        self.batches = batches
         self._drafter = method if isinstance(method, Drafter) else None
         self.config = method.config if isinstance(method, Drafter) else parse_method(method)
         self.tokenizer = tokenizer
@@ -83,16 +104,41 @@ class SpeculativeDecoder:
         generator = None
         if self.seed is not None:
             generator = torch.Generator(device=input_ids.device).manual_seed(self.seed)
+        decode = functools.partial(speculative_generate, drafter=self.drafter_for(model), generator=generator)
+        mask = model_kwargs.get("attention_mask")
+        if input_ids.shape[0] > 1 or (mask is not None and not bool(mask.all())):  # a batch, or padding
+            # (num_return_sequences copies are rows too): one row at a time, or transformers' own loop
+            if self.batches == "plain":
+                self.last_stats = None
+                return type(model)._sample(
+                    model, input_ids, logits_processor, stopping_criteria, generation_config, streamer=streamer,
+                    **model_kwargs,
+                )  # fmt: skip
+            if input_ids.shape[0] > 1:
+                logger.warning_once(
+                    "hf-spec decodes a batch one row at a time; with small models or larger batches plain batched "
+                    "decoding can be faster (SpeculativeDecoder(..., batches='plain'))"
+                )
+            out, row_stats = generate_rows(
+                model,
+                input_ids,
+                logits_processor,
+                stopping_criteria,
+                generation_config,
+                decode,
+                streamer,
+                **model_kwargs,
+            )
+            self.last_stats = combine_stats(row_stats)
+            return out
         self.last_stats = SpecStats()
-        return speculative_generate(
+        return decode(
             model,
             input_ids,
             logits_processor,
             stopping_criteria,
             generation_config,
-            drafter=self.drafter_for(model),
             streamer=streamer,
-            generator=generator,
             stats=self.last_stats,
             **model_kwargs,
         )

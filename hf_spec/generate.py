@@ -101,7 +101,10 @@ def check_supported(
     if (generation_config.num_return_sequences or 1) > 1:
         raise ValueError("hf-spec returns one sequence; num_return_sequences must be 1")
     if input_ids.shape[0] != 1:
-        raise ValueError(f"hf-spec decodes one sequence at a time; got batch size {input_ids.shape[0]}")
+        raise ValueError(
+            f"speculative_generate decodes one sequence; got batch size {input_ids.shape[0]} "
+            "(SpeculativeDecoder decodes a batch row by row)"
+        )
     if model_kwargs.get("inputs_embeds") is not None or input_ids.shape[1] == 0:
         raise ValueError(
             "hf-spec needs the prompt as input_ids (a prompt given only as inputs_embeds is not supported)"

@@ -64,3 +64,32 @@ def test_smollm2_every_method_lossless():
 @pytest.mark.slow
 def test_qwen_every_method_lossless():
     check_lossless("qwen2.5-coder-0.5b-instruct", n_prompts=6)
+
+
+@pytest.mark.slow
+@pytest.mark.ci_slow
+def test_smollm2_padded_batch_with_draft_heads():
+    """A left-padded batch of chat prompts, decoded row by row with the committed heads, against batched
+    generate (each row may depart only at a near-tie of its own unpadded prefix)."""
+    from hf_spec.models import load_model
+
+    torch.set_num_threads(2)
+    model, tok = load_model("smollm2-135m-instruct")
+    texts = [
+        tok.apply_chat_template([{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True)
+        for t in real_prompts(3)
+    ]
+    enc = tok(texts, return_tensors="pt", padding=True)
+    kwargs = dict(max_new_tokens=32, do_sample=False, pad_token_id=tok.pad_token_id)
+    ref = model.generate(**enc, **kwargs)
+    configs = Path(__file__).resolve().parents[1] / "benchmarks" / "configs"
+    for name in ("hass-smollm2-135m-instruct.json", "lyanna-smollm2-135m-instruct.json"):
+        out = model.generate(**enc, **kwargs, custom_generate=SpeculativeDecoder(str(configs / name)))
+        assert out.shape == ref.shape
+        for r in range(len(texts)):
+            prompt = enc.input_ids[r, enc.attention_mask[r].bool()].tolist()
+            want, got = ref[r, enc.input_ids.shape[1] :].tolist(), out[r, enc.input_ids.shape[1] :].tolist()
+            at = first_divergence(want, got)
+            if at is not None:
+                gap = top2_gap(model, torch.tensor([prompt + want[:at]]))
+                assert gap < NEAR_TIE, f"{name} row {r} diverged at token {at} (top-2 gap {gap:.2e})"
