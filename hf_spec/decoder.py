@@ -10,17 +10,19 @@ import torch
 from transformers import LogitsProcessorList, PreTrainedModel, StoppingCriteriaList, StopStringCriteria
 from transformers.utils import logging
 
+from hf_spec.batched import batched_generate
 from hf_spec.config import MethodConfig
 from hf_spec.generate import (
     SpecDecodeOutput,
     SpecStats,
     _streamer_from_generate_frame,
+    check_supported,
     generate_frame_local,
     speculative_generate,
 )
 from hf_spec.methods.base import Drafter
 from hf_spec.registry import get_method, parse_method
-from hf_spec.rows import combine_stats, generate_rows
+from hf_spec.rows import combine_stats, generate_rows, row_config
 
 logger = logging.get_logger(__name__)
 
@@ -40,9 +42,11 @@ class SpeculativeDecoder:
         method: a registry spec (`"name"` or `"name:arg"`), a `MethodConfig`, or a ready `Drafter`.
         tokenizer: passed to drafters that need one.
         seed: seeds the acceptance sampler (only used with `do_sample=True`).
-        batches: `"rows"` (default) decodes a batch row by row with speculation; `"plain"` hands a batch to
-            transformers' own decoding unchanged (no speculation, `last_stats` None), which is faster where a
-            batched step costs much less per row than a single one (small models, larger batches).
+        batches: how a batch (or a padded prompt) is decoded. `"batched"`: every row's tree verified in one
+            target forward per round, one drafter copy per row (`hf_spec.batched`; drafters with `batchable`:
+            pld, retrieval, eagle, lyanna); `"rows"`: row by row with speculation (any drafter); `"auto"`
+            (default): batched where the drafter allows, else rows; `"plain"`: transformers' own decoding,
+            no speculation (`last_stats` None).
     """
 
     def __init__(
@@ -50,16 +54,17 @@ class SpeculativeDecoder:
         method: str | MethodConfig | Drafter = "pld",
         tokenizer=None,
         seed: int | None = None,
-        batches: Literal["rows", "plain"] = "rows",
+        batches: Literal["auto", "batched", "rows", "plain"] = "auto",
     ):
-        if batches not in ("rows", "plain"):
-            raise ValueError(f"batches must be 'rows' or 'plain', got {batches!r}")
+        if batches not in ("auto", "batched", "rows", "plain"):
+            raise ValueError(f"batches must be 'auto', 'batched', 'rows' or 'plain', got {batches!r}")
         self.batches = batches
         self._drafter = method if isinstance(method, Drafter) else None
         self.config = method.config if isinstance(method, Drafter) else parse_method(method)
         self.tokenizer = tokenizer
         self.seed = seed
         self._drafters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._row_pools: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.last_stats: SpecStats | None = None  # counters of the latest call
 
     def drafter_for(self, model: PreTrainedModel) -> Drafter:
@@ -71,6 +76,13 @@ class SpeculativeDecoder:
             entry = get_method(self.config.method)
             self._drafters[model] = entry.drafter_cls(self.config, model, self.tokenizer)
         return self._drafters[model]
+
+    def row_drafters(self, model: PreTrainedModel, rows: int) -> list[Drafter]:
+        """`rows` drafters of this recipe for `model`, each with per-generation state of its own."""
+        pool = self._row_pools.setdefault(model, [self.drafter_for(model)])
+        while len(pool) < rows:
+            pool.append(pool[0].for_another_row())
+        return pool[:rows]
 
     def __call__(
         self,
@@ -107,30 +119,10 @@ class SpeculativeDecoder:
         decode = functools.partial(speculative_generate, drafter=self.drafter_for(model), generator=generator)
         mask = model_kwargs.get("attention_mask")
         if input_ids.shape[0] > 1 or (mask is not None and not bool(mask.all())):  # a batch, or padding
-            # (num_return_sequences copies are rows too): one row at a time, or transformers' own loop
-            if self.batches == "plain":
-                self.last_stats = None
-                return type(model)._sample(
-                    model, input_ids, logits_processor, stopping_criteria, generation_config, streamer=streamer,
-                    **model_kwargs,
-                )  # fmt: skip
-            if input_ids.shape[0] > 1:
-                logger.warning_once(
-                    "hf-spec decodes a batch one row at a time; with small models or larger batches plain batched "
-                    "decoding can be faster (SpeculativeDecoder(..., batches='plain'))"
-                )
-            out, row_stats = generate_rows(
-                model,
-                input_ids,
-                logits_processor,
-                stopping_criteria,
-                generation_config,
-                decode,
-                streamer,
-                **model_kwargs,
-            )
-            self.last_stats = combine_stats(row_stats)
-            return out
+            return self._decode_batch(
+                model, input_ids, logits_processor, stopping_criteria, generation_config, decode, generator,
+                streamer, **model_kwargs,
+            )  # fmt: skip
         self.last_stats = SpecStats()
         return decode(
             model,
@@ -142,6 +134,49 @@ class SpeculativeDecoder:
             stats=self.last_stats,
             **model_kwargs,
         )
+
+    def _decode_batch(
+        self, model, input_ids, logits_processor, stopping_criteria, generation_config, decode, generator, streamer,
+        **model_kwargs,
+    ):  # fmt: skip
+        """A batch, `num_return_sequences` copies or a padded prompt, as `self.batches` says."""
+        if self.batches == "plain":
+            self.last_stats = None
+            return type(model)._sample(
+                model, input_ids, logits_processor, stopping_criteria, generation_config, streamer=streamer,
+                **model_kwargs,
+            )  # fmt: skip
+        one_row = {k: v for k, v in model_kwargs.items() if k != "attention_mask"}
+        check_supported(model, input_ids[:1], row_config(generation_config, 0), one_row)  # settings, once
+        drafter = self.drafter_for(model)
+        batched = self.batches == "batched" or (self.batches == "auto" and drafter.batchable)
+        if batched and not drafter.batchable:
+            raise ValueError(
+                f"{self.config.method} cannot draft for a batch verified in one forward (batches='batched'): "
+                "it shares the target's cache or forward; use batches='rows'"
+            )
+        if batched:
+            out, row_stats = batched_generate(
+                model, input_ids, logits_processor, stopping_criteria, generation_config,
+                self.row_drafters(model, input_ids.shape[0]), generator, streamer=streamer, **model_kwargs,
+            )  # fmt: skip
+        else:
+            if input_ids.shape[0] > 1:
+                why = (
+                    "batches='rows'"
+                    if drafter.batchable
+                    else f"{self.config.method} shares the target's cache"
+                )
+                logger.warning_once(
+                    f"hf-spec decodes this batch one row at a time ({why}); with small models or larger batches "
+                    "plain batched decoding can be faster (SpeculativeDecoder(..., batches='plain'))"
+                )
+            out, row_stats = generate_rows(
+                model, input_ids, logits_processor, stopping_criteria, generation_config, decode, streamer,
+                **model_kwargs,
+            )  # fmt: skip
+        self.last_stats = combine_stats(row_stats)
+        return out
 
     def __repr__(self) -> str:
         return f"SpeculativeDecoder({self.config!r})"

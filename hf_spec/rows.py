@@ -71,6 +71,13 @@ def left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -
     return pads
 
 
+def row_config(generation_config, n_pad: int):
+    """The generation config of a row with `n_pad` left-padding positions, decoded without them."""
+    config = copy.deepcopy(generation_config)
+    config.max_length, config.num_return_sequences = generation_config.max_length - n_pad, 1
+    return config
+
+
 def _row_processors(
     processors: LogitsProcessorList, row: int, batch: int, pad_ids: torch.Tensor
 ) -> LogitsProcessorList:
@@ -178,16 +185,13 @@ def generate_rows(
     stats: list[SpecStats] = []
     for r, n_pad in enumerate(pads):
         pad_ids = input_ids[r : r + 1, :n_pad]
-        row_config = copy.deepcopy(generation_config)
-        row_config.max_length = generation_config.max_length - n_pad
-        row_config.num_return_sequences = 1
         stats.append(SpecStats())
         out = decode_row(
             model,
             input_ids[r : r + 1, n_pad:],
             _row_processors(logits_processor, r, len(pads), pad_ids),
             _PaddedCriteria(stopping_criteria, pad_ids) if n_pad else stopping_criteria,
-            row_config,
+            row_config(generation_config, n_pad),
             stats=stats[-1],
             past_key_values=DynamicCache(config=model.config),
             **model_kwargs,
@@ -196,32 +200,45 @@ def generate_rows(
         sequence = out.sequences if isinstance(out, SpecDecodeOutput) else out
         rows.append(sequence[0, length - n_pad :])  # the new tokens
 
-    longest = max(len(t) for t in rows)
-    if pad_token_id is None and any(len(t) < longest for t in rows):
-        raise ValueError(
-            "rows of the batch stopped at different lengths and there is no pad_token_id to fill them"
-        )
-    sequences = torch.full(
-        (len(rows), length + longest), pad_token_id if pad_token_id is not None else 0, dtype=input_ids.dtype
-    ).to(input_ids.device)
-    sequences[:, :length] = input_ids
-    for r, new in enumerate(rows):
-        sequences[r, length : length + len(new)] = new
+    sequences = assemble_rows(input_ids, rows, pad_token_id)
+    longest = sequences.shape[1] - length
     if not generation_config.return_dict_in_generate:
         return sequences, stats
     return SpecDecodeOutput(
         sequences=sequences,
-        scores=_stack_steps([o.scores for o in outputs], longest, pad_token_id),
-        logits=_stack_steps([o.logits for o in outputs], longest, pad_token_id),
+        scores=stack_steps([o.scores for o in outputs], longest, pad_token_id),
+        logits=stack_steps([o.logits for o in outputs], longest, pad_token_id),
         past_key_values=None,
         spec_stats=combine_stats(stats).to_dict(),
     ), stats
 
 
-def _stack_steps(per_row: list, steps: int, pad_token_id: int | None) -> tuple[torch.Tensor, ...] | None:
+def assemble_rows(
+    input_ids: torch.Tensor, new: list[torch.Tensor], pad_token_id: int | list | None
+) -> torch.Tensor:
+    """The padded prompts `(batch, length)` and each row's new tokens -> `(batch, length + longest)`, rows that
+    stopped early filled with `pad_token_id`."""
+    if isinstance(pad_token_id, list):
+        pad_token_id = pad_token_id[0]
+    length, longest = input_ids.shape[1], max(len(t) for t in new)
+    if pad_token_id is None and any(len(t) < longest for t in new):
+        raise ValueError(
+            "rows of the batch stopped at different lengths and there is no pad_token_id to fill them"
+        )
+    fill = pad_token_id if pad_token_id is not None else 0
+    sequences = torch.full((len(new), length + longest), fill, dtype=input_ids.dtype, device=input_ids.device)
+    sequences[:, :length] = input_ids
+    for r, tokens in enumerate(new):
+        sequences[r, length : length + len(tokens)] = tokens.to(input_ids.device)
+    return sequences
+
+
+def stack_steps(per_row: list, steps: int, pad_token_id: int | None) -> tuple[torch.Tensor, ...] | None:
     """Per-row tuples of `(1, vocab)` step tensors -> a tuple of `(batch, vocab)`, finished rows filled."""
     if per_row[0] is None:
         return None
+    if isinstance(pad_token_id, list):
+        pad_token_id = pad_token_id[0]
     fill = _filler(next(row[0] for row in per_row if row), pad_token_id)
     return tuple(
         torch.cat([row[t] if t < len(row) else fill for row in per_row], dim=0) for t in range(steps)

@@ -31,8 +31,8 @@ def chi2_pvalue(observed: Counter, expected: dict, n: int, min_expected: float =
 def sampled_marginals_pvalues(
     target, decoder_factory, loop: str = "hf-spec", n: int = 1000, seed: int = 2024
 ):
-    """Sample `n` continuations of a fixed prompt through `decoder_factory()` in hf-spec's loop or transformers'
-    assisted loop; return (per-position chi-square p-values against the exact marginals, accepted draft tokens)."""
+    """Sample `n` continuations of a fixed prompt through `decoder_factory()` in hf-spec's loop, in batches of 50
+    copies verified together (`loop="batched"`) or in transformers' assisted loop; return (per-position chi-square p-values against the exact marginals, accepted draft tokens)."""
     from tests.test_sampling import NEW, TEMP, TOP_P, exact_marginals
 
     prompt = torch.tensor([[1, 5, 7, 3, 9]])
@@ -47,15 +47,21 @@ def sampled_marginals_pvalues(
         from hf_spec.integrations import enable_assistant
 
         handle = enable_assistant(target, loop="transformers")
+    copies = 50 if loop == "batched" else 1
+    if loop == "batched":
+        decoder.batches = "batched"
     try:
-        for _ in range(n):
+        for _ in range(n // copies):
             if loop == "transformers":
                 out = target.generate(prompt, assistant_model=decoder, eos_token_id=None, **kw)
             else:
-                out = target.generate(prompt, custom_generate=decoder, eos_token_id=None, **kw)
+                out = target.generate(
+                    prompt, custom_generate=decoder, eos_token_id=None, num_return_sequences=copies, **kw
+                )
                 accepted += decoder.last_stats.accepted_tokens
-            for pos, tok in enumerate(out[0, prompt.shape[1] :].tolist()):
-                counts[pos][tok] += 1
+            for row in out[:, prompt.shape[1] :].tolist():
+                for pos, tok in enumerate(row):
+                    counts[pos][tok] += 1
     finally:
         if handle is not None:
             handle.disable()

@@ -328,7 +328,7 @@ def test_transformers_assisted_loop_with_hidden_states(trained, do_sample):
         assert torch.equal(out, ref)
 
 
-@pytest.mark.parametrize("loop", ["hf-spec", "transformers"])
+@pytest.mark.parametrize("loop", ["hf-spec", "batched", "transformers"])
 def test_sampling_keeps_target_distribution(loop):
     """Chi-square of per-position token counts vs the target's exact marginals (tiny vocabulary), both loops."""
     from tests.stats import sampled_marginals_pvalues
@@ -353,3 +353,15 @@ def test_head_runs_in_a_bfloat16_target(trained):
     target, dec = run_in_bfloat16(model, f"eagle:{folder / 'head'}")
     assert next(dec.drafter_for(target).head.parameters()).dtype == torch.bfloat16
     assert dec.last_stats.accepted_tokens > 0
+
+
+def test_padded_batch_verified_together_equals_generate(trained):
+    """Three left-padded rows, one head copy each, every round's trees verified in one forward."""
+    from tests.test_rows import PAD, batch_of_three
+
+    model, head, _, _ = trained
+    ids, mask = batch_of_three()
+    kwargs = dict(attention_mask=mask, max_new_tokens=30, do_sample=False, pad_token_id=PAD)
+    dec = SpeculativeDecoder(EagleDrafter(EagleConfig(depth=4, topk=3, total_tokens=10), model, head=head))
+    assert torch.equal(model.generate(ids, **kwargs, custom_generate=dec), model.generate(ids, **kwargs))
+    assert dec.last_stats.accepted_tokens > 0 and dec.batches == "auto"

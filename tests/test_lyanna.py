@@ -200,7 +200,7 @@ def test_vocab_limit_keeps_greedy_exact(trained, token_info):
     assert drafter.token_info(torch.tensor([int(head.d2t[0])])).shape[-1] == 30
 
 
-@pytest.mark.parametrize("loop", ["hf-spec", "transformers"])
+@pytest.mark.parametrize("loop", ["hf-spec", "batched", "transformers"])
 def test_sampling_keeps_target_distribution(loop):
     """Chi-square of per-position token counts vs the target's exact marginals (tiny vocabulary), both loops."""
     from tests.stats import sampled_marginals_pvalues
@@ -253,4 +253,18 @@ def test_head_runs_in_a_bfloat16_target(trained):
     model, _, _, folder = trained
     target, dec = run_in_bfloat16(model, f"lyanna:{folder / 'head'}")
     assert next(dec.drafter_for(target).head.parameters()).dtype == torch.bfloat16
+    assert dec.last_stats.accepted_tokens > 0
+
+
+@pytest.mark.parametrize("resample", ["fused", "off"])
+def test_padded_batch_verified_together_equals_generate(trained, resample):
+    """Three left-padded rows, one head copy each, every round's trees verified in one forward."""
+    from tests.test_rows import PAD, batch_of_three
+
+    model, head, _, _ = trained
+    ids, mask = batch_of_three()
+    kwargs = dict(attention_mask=mask, max_new_tokens=30, do_sample=False, pad_token_id=PAD)
+    cfg = LyannaConfig(depth=5, topk=3, budget=10, resample=resample)
+    dec = SpeculativeDecoder(LyannaDrafter(cfg, model, head=head))
+    assert torch.equal(model.generate(ids, **kwargs, custom_generate=dec), model.generate(ids, **kwargs))
     assert dec.last_stats.accepted_tokens > 0

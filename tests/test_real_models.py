@@ -69,8 +69,8 @@ def test_qwen_every_method_lossless():
 @pytest.mark.slow
 @pytest.mark.ci_slow
 def test_smollm2_padded_batch_with_draft_heads():
-    """A left-padded batch of chat prompts, decoded row by row with the committed heads, against batched
-    generate (each row may depart only at a near-tie of its own unpadded prefix)."""
+    """A left-padded batch of chat prompts with the committed heads, verified together and row by row, against
+    batched generate (each row may depart only at a near-tie of its own unpadded prefix)."""
     from hf_spec.models import load_model
 
     torch.set_num_threads(2)
@@ -83,8 +83,13 @@ def test_smollm2_padded_batch_with_draft_heads():
     kwargs = dict(max_new_tokens=32, do_sample=False, pad_token_id=tok.pad_token_id)
     ref = model.generate(**enc, **kwargs)
     configs = Path(__file__).resolve().parents[1] / "benchmarks" / "configs"
-    for name in ("hass-smollm2-135m-instruct.json", "lyanna-smollm2-135m-instruct.json"):
-        out = model.generate(**enc, **kwargs, custom_generate=SpeculativeDecoder(str(configs / name)))
+    for name, batches in (
+        ("hass-smollm2-135m-instruct.json", "batched"),
+        ("lyanna-smollm2-135m-instruct-int4-chain2.json", "batched"),
+        ("lyanna-smollm2-135m-instruct.json", "rows"),
+    ):
+        dec = SpeculativeDecoder(str(configs / name), batches=batches)
+        out = model.generate(**enc, **kwargs, custom_generate=dec)
         assert out.shape == ref.shape
         for r in range(len(texts)):
             prompt = enc.input_ids[r, enc.attention_mask[r].bool()].tolist()

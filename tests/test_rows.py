@@ -29,8 +29,17 @@ def batch_of_three() -> tuple[torch.Tensor, torch.Tensor]:
     return left_padded(prompt_ids(12, seed=1), prompt_ids(5, seed=2), prompt_ids(9, seed=3))
 
 
-@pytest.mark.parametrize("spec", ["pld", "oracle:8", "early-exit:2"])
-def test_padded_batch_equals_batched_generate(tiny_model, spec):
+@pytest.mark.parametrize(
+    ("spec", "batches"),
+    [
+        ("pld", "batched"),
+        ("pld", "rows"),
+        ("retrieval", "batched"),
+        ("oracle:8", "auto"),
+        ("early-exit:2", "auto"),
+    ],
+)
+def test_padded_batch_equals_batched_generate(tiny_model, spec, batches):
     ids, mask = batch_of_three()
     free = tiny_model.generate(ids[1:2, 7:], max_new_tokens=30, do_sample=False)[0, 5:].tolist()
     eos = free[next(i for i in range(3, 30) if free[i] not in free[:i])]  # row 1 stops mid-way
@@ -39,7 +48,7 @@ def test_padded_batch_equals_batched_generate(tiny_model, spec):
         min_new_tokens=2, repetition_penalty=1.3,
     )  # fmt: skip
     ref = tiny_model.generate(ids, **kwargs)
-    dec = SpeculativeDecoder(spec)
+    dec = SpeculativeDecoder(spec, batches=batches)
     out = tiny_model.generate(ids, **kwargs, custom_generate=dec)
     assert torch.equal(out, ref)
     assert (out[1] == PAD).sum() > (ids[1] == PAD).sum()  # the row that stopped early is padded after its EOS
@@ -47,13 +56,28 @@ def test_padded_batch_equals_batched_generate(tiny_model, spec):
     assert dec.last_stats.new_tokens == sum(n.index(eos) + 1 if eos in n else len(n) for n in new)
 
 
-def test_rows_see_their_own_length_based_processors(tiny_llama):
+def test_batched_verification_refuses_drafters_sharing_the_target(tiny_llama):
+    ids, mask = batch_of_three()
+    with pytest.raises(ValueError, match="early-exit cannot draft for a batch verified in one forward"):
+        tiny_llama.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=4,
+            custom_generate=SpeculativeDecoder("early-exit:2", batches="batched"),
+        )
+
+
+@pytest.mark.parametrize("batches", ["batched", "rows"])
+def test_rows_see_their_own_length_based_processors(tiny_llama, batches):
     """min_new_tokens and max_length count the padded batch's positions, as in transformers."""
     ids, mask = batch_of_three()
     kwargs = dict(attention_mask=mask, max_new_tokens=9, min_new_tokens=9, do_sample=False, pad_token_id=PAD)
     ref = tiny_llama.generate(ids, eos_token_id=list(range(3, 60)), **kwargs)
     out = tiny_llama.generate(
-        ids, eos_token_id=list(range(3, 60)), custom_generate=SpeculativeDecoder("pld"), **kwargs
+        ids,
+        eos_token_id=list(range(3, 60)),
+        custom_generate=SpeculativeDecoder("pld", batches=batches),
+        **kwargs,
     )
     assert torch.equal(out, ref) and out.shape[1] == ids.shape[1] + 9
 
@@ -79,7 +103,8 @@ def test_prefix_allowed_tokens_fn_gets_each_rows_batch_index(tiny_llama):
     assert torch.equal(out, ref) and seen == {0, 1, 2}
 
 
-def test_batch_dict_output_fills_finished_rows(tiny_llama):
+@pytest.mark.parametrize("spec", ["oracle:4", "pld"])  # row by row, verified together
+def test_batch_dict_output_fills_finished_rows(tiny_llama, spec):
     ids, mask = batch_of_three()
     free = tiny_llama.generate(ids[1:2, 7:], max_new_tokens=12, do_sample=False)[0, 5:].tolist()
     eos = free[3] if free[3] not in free[:3] else free[0]
@@ -88,7 +113,7 @@ def test_batch_dict_output_fills_finished_rows(tiny_llama):
         return_dict_in_generate=True, output_scores=True, output_logits=True,
     )  # fmt: skip
     ref = tiny_llama.generate(ids, **kwargs)
-    out = tiny_llama.generate(ids, **kwargs, custom_generate=SpeculativeDecoder("oracle:4"))
+    out = tiny_llama.generate(ids, **kwargs, custom_generate=SpeculativeDecoder(spec))
     assert torch.equal(out.sequences, ref.sequences)
     assert len(out.scores) == len(ref.scores) == len(out.logits) == out.sequences.shape[1] - ids.shape[1]
     for t, (got, want) in enumerate(zip(out.scores, ref.scores, strict=True)):
@@ -133,7 +158,9 @@ def test_bad_batches_raise(tiny_llama):
     ids, mask = batch_of_three()
     right = mask.flip(1)
     with pytest.raises(ValueError, match="row 1 of the batch is not left-padded"):
-        SpeculativeDecoder("pld")(tiny_llama, ids, [], [], tiny_llama.generation_config, attention_mask=right)
+        tiny_llama.generate(
+            ids, attention_mask=right, max_new_tokens=4, custom_generate=SpeculativeDecoder("pld")
+        )
     empty = mask.clone()
     empty[1] = 0
     with pytest.raises(ValueError, match="row 1 of the batch is all padding"):
@@ -185,5 +212,32 @@ def test_plain_batches_hand_the_batch_to_transformers(tiny_llama):
     one = prompt_ids(8)  # a single unpadded prompt still speculates
     tiny_llama.generate(one, max_new_tokens=10, do_sample=False, custom_generate=dec)
     assert dec.last_stats.target_forwards > 0
-    with pytest.raises(ValueError, match="batches must be 'rows' or 'plain'"):
+    with pytest.raises(ValueError, match="batches must be 'auto', 'batched', 'rows' or 'plain'"):
         SpeculativeDecoder("pld", batches="loop")
+
+
+def test_block_mask_and_kept_slots_against_brute_force(tiny_llama):
+    from transformers import DynamicCache
+
+    from hf_spec.batched import block_mask, keep_slots
+    from hf_spec.tree.buffers import DraftTree
+
+    valid = torch.tensor([[False, True, True], [True, True, True]])
+    trees = [DraftTree.chain([5, 6]), DraftTree.empty()]
+    allowed = block_mask(valid, trees, 3, torch.float32)[:, 0] == 0  # [rows, width, past + width]
+    for r, tree in enumerate(trees):
+        ancestors = torch.from_numpy(tree.ancestor_matrix())
+        for q in range(3):
+            want = [bool(valid[r, j]) and q <= len(tree) for j in range(3)]
+            want += [bool(ancestors[q, k]) if max(q, k) <= len(tree) else q == k for k in range(3)]
+            assert allowed[r, q].tolist() == want, (r, q)
+
+    cache = DynamicCache(config=tiny_llama.config)
+    keys = torch.arange(2 * 2 * 6, dtype=torch.float32).view(2, 2, 6, 1).expand(2, 2, 6, 4).contiguous()
+    cache.update(keys, keys + 100, 0)
+    assert keep_slots(cache, 3, [[0, 2], [0]]) == 2
+    got = cache.layers[0].keys
+    assert got.shape == (2, 2, 5, 4)
+    assert torch.equal(got[:, :, :3], keys[:, :, :3])
+    assert torch.equal(got[0, :, 3:], keys[0, :, [3, 5]]) and torch.equal(got[1, :, 3:], keys[1, :, [3, 3]])
+    assert torch.equal(cache.layers[0].values, got + 100)

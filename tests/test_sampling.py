@@ -22,9 +22,14 @@ class SampledTreeDrafter(Drafter):
     without replacement (each reporting its conditional q), each continued by one child drawn from q,
     plus one deterministic leaf (the draft argmax) -- a mix of every proposal kind."""
 
+    batchable = True  # stateless: rows of a batch can share it
+
     def __init__(self, target, draft, width: int) -> None:
         super().__init__(MethodConfig(), target)
         self.draft, self.width = draft, width
+
+    def for_another_row(self) -> SampledTreeDrafter:
+        return self
 
     def _q(self, ids: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
@@ -77,12 +82,13 @@ def exact_marginals(model, prompt: torch.Tensor) -> list[dict[int, float]]:
     return marginals
 
 
+@pytest.mark.parametrize("loop", ["hf-spec", "batched"])  # batched: 50 copies verified in one forward a round
 @pytest.mark.parametrize("width", [1, 2])  # 1: a chain (+ a deterministic sibling), 2: a wider tree
-def test_loop_sampling_matches_plain_sampling(width):
+def test_loop_sampling_matches_plain_sampling(width, loop):
     target = make_tiny_model("llama", seed=11, vocab_size=V, layers=2, temperature=2.0)
     draft = make_tiny_model("llama", seed=12, vocab_size=V, layers=1, temperature=2.0)
     decoder = SpeculativeDecoder(SampledTreeDrafter(target, draft, width))
-    pvalues, accepted = sampled_marginals_pvalues(target, lambda: decoder, n=1500, seed=2024)
+    pvalues, accepted = sampled_marginals_pvalues(target, lambda: decoder, loop, n=1500, seed=2024)
     assert accepted > 1500 * 0.3  # the drafts are really being accepted, not just bonus tokens
     assert min(pvalues) > 1e-3, pvalues
 

@@ -78,6 +78,9 @@ class Drafter(ABC):
 
     requires_hidden_states: ClassVar[bool] = False
     requires_target_predictions: ClassVar[bool] = False  # fill RoundResult.target_predictions
+    # keeps its state to itself and never touches the target's cache or forward: one copy per row can draft
+    # for a batch verified in one forward (`hf_spec.batched`)
+    batchable: ClassVar[bool] = False
 
     def __init__(self, config: MethodConfig, model: PreTrainedModel, tokenizer=None) -> None:
         self.config = config
@@ -86,6 +89,10 @@ class Drafter(ABC):
 
     def begin(self, state: SpecState) -> None:  # noqa: B027 - optional hook
         """Reset per-generation state."""
+
+    def for_another_row(self) -> Drafter:
+        """A drafter of the same recipe with per-generation state of its own (for another row of a batch)."""
+        return type(self)(self.config, self.model, self.tokenizer)
 
     @abstractmethod
     def propose(self, state: SpecState, max_depth: int) -> DraftTree:

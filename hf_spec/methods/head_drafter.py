@@ -4,6 +4,7 @@ committed positions, which catches up with the target's features after every ver
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 from collections.abc import Iterator
@@ -114,6 +115,12 @@ class HeadDrafter(Drafter):
         if self.lm_quantized is not None:
             return self.lm_quantized.linear(normed)
         return skinny_linear(normed, self.lm_weight)
+
+    def for_another_row(self) -> HeadDrafter:
+        """A copy sharing the loaded head and packed weights, with its own head cache."""
+        twin = copy.copy(self)
+        twin.cache, twin.pending_features = DynamicCache(), []
+        return twin
 
     def begin(self, state: SpecState) -> None:
         self.cache = DynamicCache()

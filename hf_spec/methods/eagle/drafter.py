@@ -29,6 +29,7 @@ class EagleDrafter(HeadDrafter, EagleStepper):
     """EAGLE-2 dynamic trees (`propose`); also a step-wise top-1 chain drafter (`EagleStepper`) for Post-use."""
 
     config: EagleConfig
+    batchable = True
     head_cls = EagleHeadModel
 
     # ---- drafting ----------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ def load_lyanna_head(path: str, target) -> LyannaHeadModel:
 
 class LyannaDrafter(HeadDrafter):
     config: LyannaConfig
+    batchable = True
     head_cls = LyannaHeadModel
 
     def __init__(

@@ -10,6 +10,7 @@ class PLDDrafter(Drafter):
     """Proposes continuations of earlier occurrences of the last n-gram (prompt and generated text)."""
 
     config: PLDConfig
+    batchable = True
 
     def propose(self, state: SpecState, max_depth: int) -> DraftTree:
         cfg = self.config

@@ -10,6 +10,7 @@ class RetrievalDrafter(Drafter):
     """Deterministic retrieval trees from a token datastore and the context (see `RetrievalConfig`)."""
 
     config: RetrievalConfig
+    batchable = True
 
     def __init__(self, config: RetrievalConfig, model, tokenizer=None) -> None:
         super().__init__(config, model, tokenizer)

@@ -1,7 +1,8 @@
-"""A left-padded batch of chat prompts: plain batched `generate` against hf-spec methods, which decode the batch
-row by row (`hf_spec.rows`), side by side in one process, with outputs compared to the batched ones.
-Usage: python benchmarks/batch_rows.py [--target NAME] [--methods pld,talon,...] [--batch-size 4]
-           [--max-new-tokens 64] [--threads 2] [--dtype float32]"""
+"""A left-padded batch of chat prompts: plain batched `generate` against hf-spec methods, which verify every row's
+tree in one forward (`--batches batched`, `hf_spec.batched`) or decode row by row (`rows`, `hf_spec.rows`), side by
+side in one process, with outputs compared to the batched ones.
+Usage: python benchmarks/batches.py [--target NAME] [--methods pld,talon,...] [--batches batched,rows]
+           [--batch-size 4] [--max-new-tokens 64] [--threads 2] [--dtype float32]"""
 
 from __future__ import annotations
 
@@ -38,6 +39,9 @@ def main() -> None:
     ap.add_argument("--target", default="qwen2.5-coder-0.5b-instruct")
     ap.add_argument("--methods", default="pld", help="comma list of hf-spec method specs or config paths")
     ap.add_argument("--prompts", default="../shared/data/eval/spec_bench_dev.jsonl")
+    ap.add_argument(
+        "--batches", default="batched,rows", help="comma list of SpeculativeDecoder batches= modes"
+    )
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
@@ -55,9 +59,16 @@ def main() -> None:
     eos = model.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos])
 
-    decoders = {spec: SpeculativeDecoder(spec, tokenizer=tok) for spec in args.methods.split(",")}
-    for dec in decoders.values():  # build drafters and datastores before the clock runs
-        model.generate(**enc, **{**kwargs, "max_new_tokens": 2}, custom_generate=dec)
+    decoders = {}
+    for spec in args.methods.split(","):
+        for mode in args.batches.split(","):
+            dec = SpeculativeDecoder(spec, tokenizer=tok, batches=mode)
+            try:  # builds drafters and datastores before the clock runs
+                model.generate(**enc, **{**kwargs, "max_new_tokens": 2}, custom_generate=dec)
+            except ValueError as err:  # a drafter that cannot run in this mode
+                print(f"skipped {spec} ({mode}): {err}")
+                continue
+            decoders[f"{spec} ({mode})"] = dec
     t0 = time.perf_counter()
     ref = model.generate(**enc, **kwargs)
     base = time.perf_counter() - t0
@@ -75,8 +86,9 @@ def main() -> None:
         took = time.perf_counter() - t0
         same = sum(torch.equal(a, b) for a, b in zip(out, ref, strict=True))
         n = new_tokens(out, width, eos)
+        tau = f"{dec.last_stats.tau:.2f}" if dec.last_stats is not None else "-"
         print(
-            f"| `{spec}` | {took:.1f} | {n / took:.1f} | {base / took:.2f}x | {dec.last_stats.tau:.2f} | {same}/{len(texts)} |"
+            f"| `{spec}` | {took:.1f} | {n / took:.1f} | {base / took:.2f}x | {tau} | {same}/{len(texts)} |"
         )
 
 

@@ -1,0 +1,287 @@
+"""Batched verification: every row's draft tree verified in ONE target forward per round.
+
+    prefill the left-padded prompts but their last tokens (the first roots)
+    repeat:
+        tree_r = drafter_r.propose(row r)                           # one drafter per row
+        logits = target([root_r] + tree_r padded to the widest tree,  # ONE forward for the batch
+                        per-row 4D mask over the shared cache, per-row positions)
+        accept / commit / stop each row as the single-sequence loop does
+        keep root_r + accepted_r in the cache; slots a row does not fill are masked for good
+
+Rows accept different numbers of tokens, so the cache stays rectangular with holes: `valid[r, j]` says whether
+cache slot j holds one of row r's committed tokens, and row r's next position is its count of valid slots. A row
+that stops leaves the batch (its cache rows are dropped). Only drafters that keep their state to themselves and
+never touch the target's cache (`Drafter.batchable`) run here; the others decode a batch row by row
+(`hf_spec.rows`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
+
+from hf_spec.generate import SpecDecodeOutput, SpecStats, _scorer
+from hf_spec.kernels.screened_head import screened_lm_head, screening_applies
+from hf_spec.kernels.skinny_linear import fast_linears
+from hf_spec.methods.base import Drafter, RoundResult, SpecState
+from hf_spec.rows import (
+    _PaddedCriteria,
+    _row_processors,
+    assemble_rows,
+    combine_stats,
+    left_padding,
+    row_config,
+    stack_steps,
+)
+from hf_spec.tree.buffers import DraftTree
+from hf_spec.verify.acceptance import accept_greedy, accept_sampling
+from hf_spec.verify.cache import _layers
+
+
+@dataclass
+class _Row:
+    """One row's side of the batch: its drafter, committed tokens and counters."""
+
+    drafter: Drafter
+    state: SpecState
+    processors: LogitsProcessorList
+    criteria: StoppingCriteriaList
+    max_length: int  # the row's own (unpadded) limit
+    stats: SpecStats = field(default_factory=SpecStats)
+    new_tokens: list[int] = field(default_factory=list)
+    scores: list[torch.Tensor] = field(default_factory=list)
+    logits: list[torch.Tensor] = field(default_factory=list)
+
+
+def block_mask(valid: torch.Tensor, trees: list[DraftTree], width: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive `(rows, 1, width, cache_len + width)` mask: row r's queries `[root] + tree_r` see its valid cache
+    slots and their tree ancestors; filler queries past a row's tree see only themselves."""
+    rows, past = valid.shape
+    allowed = torch.zeros(rows, width, past + width, dtype=torch.bool)
+    allowed[:, :, :past] = valid[:, None, :]
+    allowed[:, :, past:] = torch.eye(width, dtype=torch.bool)  # fillers (and every query) see themselves
+    for r, tree in enumerate(trees):
+        n = len(tree) + 1
+        allowed[r, :n, past : past + n] = torch.from_numpy(tree.ancestor_matrix())
+        allowed[r, n:, :past] = False
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[:, None]
+
+
+def keep_slots(cache: DynamicCache, past: int, keep: list[list[int]]) -> int:
+    """Replace each row's block `[past, ...)` by its `keep[r]` slots (relative), padded to the longest by
+    repeating the last one; return that length."""
+    longest = max(len(k) for k in keep)
+    index = torch.tensor([k + [k[-1]] * (longest - len(k)) for k in keep], dtype=torch.long) + past
+    for layer in _layers(cache):
+        if layer.keys is None or not layer.keys.numel():
+            continue
+        b, h, _, d = layer.keys.shape
+        idx = index.to(layer.keys.device)[:, None, :, None].expand(b, h, longest, d)
+        keys, values = layer.keys.gather(2, idx), layer.values.gather(2, idx)  # only the block is copied
+        layer.keys, layer.values = layer.keys[:, :, : past + longest], layer.values[:, :, : past + longest]
+        layer.keys[:, :, past:], layer.values[:, :, past:] = keys, values
+    return longest
+
+
+def batched_generate(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config,
+    drafters: list[Drafter],
+    generator: torch.Generator | None = None,
+    streamer=None,
+    **model_kwargs,
+) -> tuple[torch.Tensor | SpecDecodeOutput, list[SpecStats]]:
+    """Speculative decoding of a left-padded batch with one verification forward per round.
+
+    Args:
+        input_ids: `torch.LongTensor` of shape `(batch_size, prompt_length)`; `model_kwargs["attention_mask"]`
+            marks the left padding.
+        drafters: one per row, each `batchable`.
+
+    Returns:
+        as `hf_spec.rows.generate_rows`: the batch laid out as transformers does, and each row's `SpecStats`.
+    """
+    if streamer is not None:
+        raise ValueError(
+            "a streamer takes one sequence: with batch size > 1 (or num_return_sequences > 1) drop `streamer`"
+        )
+    cache = model_kwargs.get("past_key_values")
+    if cache is not None and cache.get_seq_length() > 0:
+        raise ValueError("hf-spec cannot continue a batched, pre-filled cache")
+    batch, length = input_ids.shape
+    pads = left_padding(input_ids, model_kwargs.get("attention_mask"))
+    do_sample = bool(generation_config.do_sample)
+    out_scores = generation_config.return_dict_in_generate and generation_config.output_scores
+    out_logits = generation_config.return_dict_in_generate and generation_config.output_logits
+    want_hidden = drafters[0].requires_hidden_states
+    device, dtype = input_ids.device, model.dtype
+    screen = screening_applies(model, do_sample, bool(logits_processor), out_scores or out_logits)
+
+    # prefill every row but its last token (its first root); pad slots are invalid for good
+    t0 = time.perf_counter()
+    cache = DynamicCache(config=model.config)
+    valid = torch.ones(batch, length - 1, dtype=torch.bool)
+    for r, n_pad in enumerate(pads):
+        valid[r, :n_pad] = False
+    positions = (valid.long().cumsum(1) - 1).clamp(min=0)
+    hidden = None
+    if length > 1:
+        causal = torch.tril(torch.ones(length - 1, length - 1, dtype=torch.bool))
+        mask = torch.zeros(batch, 1, length - 1, length - 1, dtype=dtype).masked_fill_(
+            ~(causal[None] & valid[:, None, :] | torch.eye(length - 1, dtype=torch.bool)[None])[:, None],
+            torch.finfo(dtype).min,
+        )
+        out = model(
+            input_ids=input_ids[:, :-1],
+            position_ids=positions.to(device),
+            attention_mask=mask.to(device),
+            past_key_values=cache,
+            use_cache=True,
+            output_hidden_states=want_hidden,
+            logits_to_keep=1,
+        )
+        hidden = out.hidden_states[-1] if want_hidden else None
+    prefill_time = time.perf_counter() - t0
+
+    rows: list[_Row] = []
+    for r, n_pad in enumerate(pads):
+        pad_ids = input_ids[r : r + 1, :n_pad]
+        ids = input_ids[r : r + 1, n_pad:]
+        # batchable drafters never touch the target's cache
+        state = SpecState(model, None, ids, row_config(generation_config, n_pad))
+        if hidden is not None:
+            state.hidden_states = hidden[r : r + 1, n_pad:]
+        rows.append(
+            _Row(
+                drafters[r],
+                state,
+                _row_processors(logits_processor, r, batch, pad_ids),
+                _PaddedCriteria(stopping_criteria, pad_ids) if n_pad else stopping_criteria,
+                generation_config.max_length - n_pad,
+            )
+        )
+        rows[-1].stats.time_prefill = prefill_time / batch
+        drafters[r].begin(state)
+
+    active = list(range(batch))  # rows still decoding, in the cache's batch order
+    try:
+        while active:
+            t0 = time.perf_counter()
+            in_round = list(active)
+            trees = []
+            for r in active:
+                row = rows[r]
+                room = max(row.max_length - row.state.seq_len - 1, 0)
+                trees.append(row.drafter.propose(row.state, max_depth=room).truncate_depth(room))
+            t1 = time.perf_counter()
+
+            width = 1 + max(len(t) for t in trees)
+            past = valid.shape[1]
+            block = torch.full((len(active), width), int(input_ids[0, -1]), dtype=torch.long)
+            pos = torch.zeros(len(active), width, dtype=torch.long)
+            for i, (r, tree) in enumerate(zip(active, trees, strict=True)):
+                block[i, 0] = rows[r].state.input_ids[0, -1]
+                block[i, 1 : 1 + len(tree)] = tree.tokens
+                depth = torch.cat([torch.zeros(1, dtype=torch.long), tree.depth.long()])
+                pos[i, : len(tree) + 1] = depth + int(valid[i].sum())
+            mask = block_mask(valid, trees, width, dtype)
+            with fast_linears(model), screened_lm_head(model, enabled=screen):
+                out = model(
+                    input_ids=block.to(device),
+                    position_ids=pos.to(device),
+                    attention_mask=mask.to(device),
+                    past_key_values=cache,
+                    use_cache=True,
+                    output_hidden_states=want_hidden,
+                )
+            logits = out.logits.float()  # [rows, width, vocab]
+            t2 = time.perf_counter()
+
+            keep, finished = [], []
+            for i, (r, tree) in enumerate(zip(active, trees, strict=True)):
+                done, kept = _commit(rows[r], tree, logits[i], do_sample, generator, out_scores, out_logits)
+                keep.append(kept)
+                finished.append(done)
+                if not done:
+                    h = out.hidden_states[-1][i : i + 1, kept] if want_hidden else None
+                    rows[r].state.hidden_states = h
+                    result = RoundResult(tree, kept_nodes(kept), rows[r].new_tokens[-(len(kept)) :], h)
+                    rows[r].drafter.observe(rows[r].state, result)
+            longest = keep_slots(cache, past, keep)
+            grown = torch.zeros(len(active), longest, dtype=torch.bool)
+            for i, kept in enumerate(keep):
+                grown[i, : len(kept)] = True
+            valid = torch.cat([valid, grown], dim=1)
+            if any(finished):  # finished rows leave the batch
+                stay = [i for i, done in enumerate(finished) if not done]
+                if stay:
+                    cache.batch_select_indices(torch.tensor(stay, device=device))
+                valid = valid[stay]
+                active = [active[i] for i in stay]
+            t3 = time.perf_counter()
+            for r in in_round:  # each row of the round gets an even share of its times
+                rows[r].stats.time_draft += (t1 - t0) / len(in_round)
+                rows[r].stats.time_verify += (t2 - t1) / len(in_round)
+                rows[r].stats.time_other += (t3 - t2) / len(in_round)
+    finally:
+        for row in rows:
+            row.drafter.end(row.state)
+
+    new = [torch.tensor(row.new_tokens, dtype=input_ids.dtype) for row in rows]
+    sequences = assemble_rows(input_ids, new, generation_config.pad_token_id)
+    stats = [row.stats for row in rows]
+    if not generation_config.return_dict_in_generate:
+        return sequences, stats
+    steps = sequences.shape[1] - length
+    pad = generation_config.pad_token_id
+    return SpecDecodeOutput(
+        sequences=sequences,
+        scores=stack_steps([tuple(row.scores) for row in rows], steps, pad) if out_scores else None,
+        logits=stack_steps([tuple(row.logits) for row in rows], steps, pad) if out_logits else None,
+        past_key_values=None,
+        spec_stats=combine_stats(stats).to_dict(),
+    ), stats
+
+
+def kept_nodes(kept: list[int]) -> list[int]:
+    """Cache slots kept (root 0, node i at i + 1) -> accepted node indices."""
+    return [k - 1 for k in kept[1:]]
+
+
+def _commit(
+    row: _Row, tree: DraftTree, logits: torch.Tensor, do_sample: bool, generator, out_scores, out_logits
+):
+    """Accept row's tree from its `(width, vocab)` logits and commit; return (finished, kept cache slots)."""
+    ids = row.state.input_ids
+    score_row = _scorer(logits, ids, tree, row.processors)
+    acc = accept_sampling(tree, score_row, generator) if do_sample else accept_greedy(tree, score_row)
+    tokens = tree.tokens.tolist()
+    proposed = [tokens[i] for i in acc.accepted] + [acc.bonus]
+    committed = 0
+    finished = False
+    for j, tok in enumerate(proposed):
+        ids = torch.cat([ids, torch.tensor([[tok]], device=ids.device)], dim=1)
+        row.new_tokens.append(tok)
+        committed += 1
+        if out_scores:
+            row.scores.append(acc.scores[j][None].clone())
+        if bool(row.criteria(ids, tuple(row.scores) if out_scores else None).all()):
+            finished = True
+            break
+    row.state.input_ids = ids
+    kept = [0] + [i + 1 for i in acc.accepted]
+    if out_logits:
+        row.logits.extend(logits[k][None].clone() for k in kept[:committed])
+    row.stats.target_forwards += 1
+    row.stats.new_tokens += committed
+    row.stats.draft_tokens += len(tree)
+    row.stats.accepted_tokens += len(acc.accepted)
+    row.stats.record_round(int(tree.depth.max()) if len(tree) else 0, len(acc.accepted))
+    return finished, kept
