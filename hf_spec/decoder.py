@@ -20,6 +20,7 @@ from hf_spec.generate import (
     generate_frame_local,
     speculative_generate,
 )
+from hf_spec.kernels.skinny_linear import fast_linears
 from hf_spec.methods.base import Drafter
 from hf_spec.registry import get_method, parse_method
 from hf_spec.rows import combine_stats, generate_rows, row_config
@@ -46,7 +47,7 @@ class SpeculativeDecoder:
             target forward per round, one drafter copy per row (`hf_spec.batched`; drafters with `batchable`:
             pld, retrieval, eagle, lyanna); `"rows"`: row by row with speculation (any drafter); `"auto"`
             (default): batched where the drafter allows, else rows; `"plain"`: transformers' own decoding,
-            no speculation (`last_stats` None).
+            no speculation, its linears on hf-spec's CPU kernels where they apply (`last_stats` None).
     """
 
     def __init__(
@@ -140,12 +141,13 @@ class SpeculativeDecoder:
         **model_kwargs,
     ):  # fmt: skip
         """A batch, `num_return_sequences` copies or a padded prompt, as `self.batches` says."""
-        if self.batches == "plain":
+        if self.batches == "plain":  # transformers' own loop, its linears on hf-spec's CPU kernels
             self.last_stats = None
-            return type(model)._sample(
-                model, input_ids, logits_processor, stopping_criteria, generation_config, streamer=streamer,
-                **model_kwargs,
-            )  # fmt: skip
+            with fast_linears(model):
+                return type(model)._sample(
+                    model, input_ids, logits_processor, stopping_criteria, generation_config, streamer=streamer,
+                    **model_kwargs,
+                )  # fmt: skip
         one_row = {k: v for k, v in model_kwargs.items() if k != "attention_mask"}
         check_supported(model, input_ids[:1], row_config(generation_config, 0), one_row)  # settings, once
         drafter = self.drafter_for(model)
