@@ -241,3 +241,30 @@ def test_block_mask_and_kept_slots_against_brute_force(tiny_llama):
     assert torch.equal(got[:, :, :3], keys[:, :, :3])
     assert torch.equal(got[0, :, 3:], keys[0, :, [3, 5]]) and torch.equal(got[1, :, 3:], keys[1, :, [3, 3]])
     assert torch.equal(cache.layers[0].values, got + 100)
+
+
+def test_an_error_mid_batch_leaves_everything_usable(tiny_llama):
+    """A stopping criterion that raises mid-round: the error reaches the caller, the LM head and linears are
+    restored, and the next batched call is exact again."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class Boom(StoppingCriteria):
+        calls = 0
+
+        def __call__(self, input_ids, scores, **kwargs):
+            Boom.calls += 1
+            if Boom.calls == 7:
+                raise KeyboardInterrupt
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    ids, mask = batch_of_three()
+    kwargs = dict(attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=PAD)
+    dec = SpeculativeDecoder("pld", batches="batched")
+    with pytest.raises(KeyboardInterrupt):
+        tiny_llama.generate(
+            ids, **kwargs, stopping_criteria=StoppingCriteriaList([Boom()]), custom_generate=dec
+        )
+    assert all("forward" not in m.__dict__ for m in tiny_llama.modules())
+    assert torch.equal(
+        tiny_llama.generate(ids, **kwargs, custom_generate=dec), tiny_llama.generate(ids, **kwargs)
+    )
