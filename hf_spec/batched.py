@@ -9,8 +9,8 @@
         keep root_r + accepted_r in the cache; slots a row does not fill are masked for good
 
 Rows accept different numbers of tokens, so the cache stays rectangular with holes: `valid[r, j]` says whether
-cache slot j holds one of row r's committed tokens, and row r's next position is its count of valid slots. A row
-that stops leaves the batch (its cache rows are dropped). Only drafters that keep their state to themselves and
+cache slot j holds one of row r's committed tokens, and row r's next position is its count of valid slots. When
+holes fill a quarter of the cache it is squeezed; a row that stops leaves the batch (its cache rows are dropped). Only drafters that keep their state to themselves and
 never touch the target's cache (`Drafter.batchable`) run here; the others decode a batch row by row
 (`hf_spec.rows`).
 """
@@ -85,6 +85,32 @@ def keep_slots(cache: DynamicCache, past: int, keep: list[list[int]]) -> int:
         layer.keys, layer.values = layer.keys[:, :, : past + longest], layer.values[:, :, : past + longest]
         layer.keys[:, :, past:], layer.values[:, :, past:] = keys, values
     return longest
+
+
+# squeeze the cache when more than this share of it (and MIN_HOLES slots) is masked in its fullest row
+HOLE_SHARE = 0.25
+MIN_HOLES = 16
+
+
+def squeeze_holes(cache: DynamicCache, valid: torch.Tensor) -> torch.Tensor:
+    """Move each row's valid cache slots, in order, to the right end and drop the columns no row needs; return the
+    new `valid`. Attention does not depend on where a key sits (its position was applied when it was written)."""
+    rows, _ = valid.shape
+    longest = int(valid.sum(1).max())
+    index = torch.zeros(rows, longest, dtype=torch.long)
+    squeezed = torch.zeros(rows, longest, dtype=torch.bool)
+    for r in range(rows):
+        slots = valid[r].nonzero().flatten()
+        n = len(slots)
+        index[r, longest - n :], squeezed[r, longest - n :] = slots, True
+        index[r, : longest - n] = slots[0] if n else 0
+    for layer in _layers(cache):
+        if layer.keys is None or not layer.keys.numel():
+            continue
+        b, h, _, d = layer.keys.shape
+        idx = index.to(layer.keys.device)[:, None, :, None].expand(b, h, longest, d)
+        layer.keys, layer.values = layer.keys.gather(2, idx), layer.values.gather(2, idx)
+    return squeezed
 
 
 def batched_generate(
@@ -219,6 +245,9 @@ def batched_generate(
             for i, kept in enumerate(keep):
                 grown[i, : len(kept)] = True
             valid = torch.cat([valid, grown], dim=1)
+            holes = valid.shape[1] - int(valid.sum(1).max())
+            if holes > max(MIN_HOLES, valid.shape[1] * HOLE_SHARE):
+                valid = squeeze_holes(cache, valid)
             if any(finished):  # finished rows leave the batch
                 stay = [i for i, done in enumerate(finished) if not done]
                 if stay:

@@ -268,3 +268,33 @@ def test_an_error_mid_batch_leaves_everything_usable(tiny_llama):
     assert torch.equal(
         tiny_llama.generate(ids, **kwargs, custom_generate=dec), tiny_llama.generate(ids, **kwargs)
     )
+
+
+def test_squeezed_cache_keeps_each_rows_slots_in_order():
+    from transformers import DynamicCache, LlamaConfig
+
+    from hf_spec.batched import squeeze_holes
+
+    valid = torch.tensor([[False, True, False, True, True], [True, False, False, False, True]])
+    cache = DynamicCache(config=LlamaConfig(num_hidden_layers=1, num_attention_heads=1, hidden_size=4))
+    keys = torch.arange(2 * 5, dtype=torch.float32).view(2, 1, 5, 1).expand(2, 1, 5, 3).contiguous()
+    cache.update(keys, -keys, 0)
+    squeezed = squeeze_holes(cache, valid)
+    assert squeezed.tolist() == [[True, True, True], [False, True, True]]
+    got = cache.layers[0].keys[:, 0, :, 0]
+    assert got[0].tolist() == [1, 3, 4] and got[1, 1:].tolist() == [5, 9]
+    assert torch.equal(cache.layers[0].values, -cache.layers[0].keys)
+
+
+def test_batched_generation_with_the_cache_squeezed_every_round(tiny_llama, monkeypatch):
+    import hf_spec.batched as batched
+
+    monkeypatch.setattr(batched, "MIN_HOLES", 0)
+    monkeypatch.setattr(batched, "HOLE_SHARE", 0.0)
+    calls = []
+    squeeze = batched.squeeze_holes
+    monkeypatch.setattr(batched, "squeeze_holes", lambda c, v: calls.append(v.shape) or squeeze(c, v))
+    ids, mask = batch_of_three()
+    kwargs = dict(attention_mask=mask, max_new_tokens=40, do_sample=False, pad_token_id=PAD)
+    out = tiny_llama.generate(ids, **kwargs, custom_generate=SpeculativeDecoder("pld", batches="batched"))
+    assert torch.equal(out, tiny_llama.generate(ids, **kwargs)) and calls
