@@ -24,6 +24,7 @@ import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 
 from hf_spec.generate import SpecDecodeOutput, SpecStats, _scorer
+from hf_spec.kernels.grouped_attention import grouped_attention
 from hf_spec.kernels.screened_head import screened_lm_head, screening_applies
 from hf_spec.kernels.skinny_linear import fast_linears
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
@@ -218,7 +219,7 @@ def batched_generate(
                 depth = torch.cat([torch.zeros(1, dtype=torch.long), tree.depth.long()])
                 pos[i, : len(tree) + 1] = depth + int(valid[i].sum())
             mask = block_mask(valid, trees, width, dtype)
-            with fast_linears(model), screened_lm_head(model, enabled=screen):
+            with fast_linears(model), screened_lm_head(model, enabled=screen), grouped_attention(model):
                 out = model(
                     input_ids=block.to(device),
                     position_ids=pos.to(device),

@@ -19,11 +19,11 @@ class _Module(torch.nn.Module):
         self.is_causal = True
 
 
-def _inputs(heads: int, kv_heads: int, rows: int, kv_len: int, seed: int = 0):
+def _inputs(heads: int, kv_heads: int, rows: int, kv_len: int, seed: int = 0, batch: int = 1):
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(1, heads, rows, 16, generator=g)
-    k = torch.randn(1, kv_heads, kv_len, 16, generator=g)
-    v = torch.randn(1, kv_heads, kv_len, 16, generator=g)
+    q = torch.randn(batch, heads, rows, 16, generator=g)
+    k = torch.randn(batch, kv_heads, kv_len, 16, generator=g)
+    v = torch.randn(batch, kv_heads, kv_len, 16, generator=g)
     return q, k, v
 
 
@@ -42,6 +42,28 @@ def test_equals_sdpa_with_causal_and_tree_masks(heads, kv_heads, rows):
             ref, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=0.25)
             out, _ = ga.grouped_attention_forward(module, q, k, v, mask, scaling=0.25)
         assert out.shape == ref.shape == (1, rows, heads, 16)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_batched_rows_with_masks_of_their_own_equal_sdpa():
+    """A batch whose rows each have their own 4D mask (hf-spec's batched verification), and a shared one."""
+    from hf_spec.batched import block_mask
+
+    q, k, v = _inputs(14, 2, 4, 20, seed=3, batch=3)
+    valid = torch.rand(3, 16, generator=torch.Generator().manual_seed(1)) > 0.3
+    trees = [
+        DraftTree.chain([1, 2, 3]),
+        DraftTree(torch.arange(2), torch.tensor([-1, -1])),
+        DraftTree.empty(),
+    ]
+    module = _Module(7)
+    for mask in (
+        block_mask(valid, trees, 4, torch.float32),
+        block_mask(valid[:1], trees[:1], 4, torch.float32),
+    ):
+        with torch.no_grad():
+            ref, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=0.25)
+            out, _ = ga.grouped_attention_forward(module, q, k, v, mask, scaling=0.25)
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 

@@ -34,11 +34,10 @@ def _applies(
 ) -> bool:
     return (
         query.device.type == "cpu"
-        and query.shape[0] == 1
         and 2 <= query.shape[2] <= MAX_QUERY_ROWS
         and mask is not None
         and mask.dim() == 4
-        and mask.shape[0] == 1
+        and mask.shape[0] in (1, query.shape[0])
         and mask.shape[1] == 1
         and mask.shape[-1] == key.shape[2]
         and dropout == 0.0
@@ -60,8 +59,9 @@ def grouped_attention_forward(
     is_causal: bool | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' attention interface. query `(1, heads, rows, head_dim)`, key/value `(1, kv_heads, kv_len,
-    head_dim)`, mask `(1, 1, rows, kv_len)` (bool: True attends; or additive) -> `(1, rows, heads, head_dim)`."""
+    """transformers' attention interface. query `(batch, heads, rows, head_dim)`, key/value `(batch, kv_heads,
+    kv_len, head_dim)`, mask `(batch or 1, 1, rows, kv_len)` (bool: True attends; or additive) -> `(batch, rows,
+    heads, head_dim)`."""
     if not _applies(query, key, attention_mask, dropout, kwargs):
         return sdpa_attention_forward(
             module,
@@ -74,20 +74,24 @@ def grouped_attention_forward(
             is_causal=is_causal,
             **kwargs,
         )
-    _, heads, rows, dim = query.shape
+    batch, heads, rows, dim = query.shape
     kv_heads, kv_len, dim_v = key.shape[1], key.shape[2], value.shape[-1]
     groups = heads // kv_heads
-    mask = attention_mask[0, 0]  # (rows, kv_len)
+    mask = attention_mask[:, 0]  # (batch or 1, rows, kv_len)
     if mask.dtype == torch.bool:
         mask = torch.zeros(mask.shape).masked_fill_(~mask, float("-inf"))
     # fp32 scores and softmax, as torch's flash kernel keeps them, also for bf16/fp16 models
-    mask, q, k, v = mask.float(), query[0].float(), key[0].float(), value[0].float()
+    mask, q, k, v = mask.float(), query.float(), key.float(), value.float()
     scale = dim**-0.5 if scaling is None else scaling
-    q = q.reshape(kv_heads, groups * rows, dim)  # each KV head's query heads, rows inner
-    bias = mask.expand(kv_heads, groups, rows, kv_len).reshape(kv_heads, groups * rows, kv_len)
-    scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=scale)  # (kv_heads, groups * rows, kv_len)
-    out = torch.bmm(torch.softmax(scores, dim=-1), v)  # (kv_heads, groups * rows, dim_v)
-    return out.view(1, heads, rows, dim_v).transpose(1, 2).to(query.dtype).contiguous(), None
+    q = q.reshape(batch * kv_heads, groups * rows, dim)  # each KV head's query heads, rows inner
+    bias = mask[:, None, None].expand(batch, kv_heads, groups, rows, kv_len)
+    bias = bias.reshape(batch * kv_heads, groups * rows, kv_len)
+    k, v = k.reshape(batch * kv_heads, kv_len, dim), v.reshape(batch * kv_heads, kv_len, dim_v)
+    scores = torch.baddbmm(
+        bias, q, k.transpose(1, 2), alpha=scale
+    )  # (batch * kv_heads, groups * rows, kv_len)
+    out = torch.bmm(torch.softmax(scores, dim=-1), v)  # (batch * kv_heads, groups * rows, dim_v)
+    return out.view(batch, heads, rows, dim_v).transpose(1, 2).to(query.dtype).contiguous(), None
 
 
 AttentionInterface.register(NAME, grouped_attention_forward)
