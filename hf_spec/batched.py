@@ -50,7 +50,6 @@ class _Row:
     state: SpecState
     processors: LogitsProcessorList
     criteria: StoppingCriteriaList
-    max_length: int  # the row's own (unpadded) limit
     stats: SpecStats = field(default_factory=SpecStats)
     new_tokens: list[int] = field(default_factory=list)
     scores: list[torch.Tensor] = field(default_factory=list)
@@ -70,6 +69,15 @@ def block_mask(valid: torch.Tensor, trees: list[DraftTree], width: int, dtype: t
         allowed[r, n:, :past] = False
     mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask[:, None]
+
+
+def prefill_mask(valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Additive `(rows, 1, n, n)` causal mask over left-padded prompts `valid` `(rows, n)`; a padding query sees
+    only itself (its output is never used, and no query row may be fully masked)."""
+    n = valid.shape[1]
+    allowed = torch.tril(torch.ones(n, n, dtype=torch.bool))[None] & valid[:, None, :]
+    allowed |= torch.eye(n, dtype=torch.bool)[None]
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
 
 
 def keep_slots(cache: DynamicCache, past: int, keep: list[list[int]]) -> int:
@@ -160,11 +168,7 @@ def batched_generate(
     positions = (valid.long().cumsum(1) - 1).clamp(min=0)
     hidden = None
     if length > 1:
-        causal = torch.tril(torch.ones(length - 1, length - 1, dtype=torch.bool))
-        mask = torch.zeros(batch, 1, length - 1, length - 1, dtype=dtype).masked_fill_(
-            ~(causal[None] & valid[:, None, :] | torch.eye(length - 1, dtype=torch.bool)[None])[:, None],
-            torch.finfo(dtype).min,
-        )
+        mask = prefill_mask(valid, dtype)
         out = model(
             input_ids=input_ids[:, :-1],
             position_ids=positions.to(device),
@@ -191,7 +195,6 @@ def batched_generate(
                 state,
                 _row_processors(logits_processor, r, batch, pad_ids),
                 _PaddedCriteria(stopping_criteria, pad_ids) if n_pad else stopping_criteria,
-                generation_config.max_length - n_pad,
             )
         )
         rows[-1].stats.time_prefill = prefill_time / batch
@@ -205,7 +208,7 @@ def batched_generate(
             trees = []
             for r in active:
                 row = rows[r]
-                room = max(row.max_length - row.state.seq_len - 1, 0)
+                room = max(row.state.generation_config.max_length - row.state.seq_len - 1, 0)
                 trees.append(row.drafter.propose(row.state, max_depth=room).truncate_depth(room))
             t1 = time.perf_counter()
 

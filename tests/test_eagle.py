@@ -365,3 +365,15 @@ def test_padded_batch_verified_together_equals_generate(trained):
     dec = SpeculativeDecoder(EagleDrafter(EagleConfig(depth=4, topk=3, total_tokens=10), model, head=head))
     assert torch.equal(model.generate(ids, **kwargs, custom_generate=dec), model.generate(ids, **kwargs))
     assert dec.last_stats.accepted_tokens > 0 and dec.batches == "auto"
+
+
+def test_batch_with_a_one_token_row(trained):
+    """A one-token row has nothing prefilled: its head copy sits out the first round while the others draft."""
+    from tests.test_rows import PAD, left_padded
+
+    model, head, _, _ = trained
+    ids, mask = left_padded(prompt_ids(1, seed=3), prompt_ids(9, seed=4))
+    kwargs = dict(attention_mask=mask, max_new_tokens=20, do_sample=False, pad_token_id=PAD)
+    dec = SpeculativeDecoder(EagleDrafter(EagleConfig(depth=3, topk=2), model, head=head), batches="batched")
+    assert torch.equal(model.generate(ids, **kwargs, custom_generate=dec), model.generate(ids, **kwargs))
+    assert dec.last_stats.draft_tokens > 0
