@@ -23,22 +23,13 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 
-from hf_spec.generate import SpecDecodeOutput, SpecStats, _scorer
+from hf_spec.generate import SpecDecodeOutput, SpecStats, commit_round
 from hf_spec.kernels.grouped_attention import grouped_attention
 from hf_spec.kernels.screened_head import screened_lm_head, screening_applies
 from hf_spec.kernels.skinny_linear import fast_linears
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
-from hf_spec.rows import (
-    _PaddedCriteria,
-    _row_processors,
-    assemble_rows,
-    combine_stats,
-    left_padding,
-    row_config,
-    stack_steps,
-)
+from hf_spec.rows import batch_output, row_inputs
 from hf_spec.tree.buffers import DraftTree
-from hf_spec.verify.acceptance import accept_greedy, accept_sampling
 from hf_spec.verify.cache import _layers
 
 
@@ -85,15 +76,21 @@ def keep_slots(cache: DynamicCache, past: int, keep: list[list[int]]) -> int:
     repeating the last one; return that length."""
     longest = max(len(k) for k in keep)
     index = torch.tensor([k + [k[-1]] * (longest - len(k)) for k in keep], dtype=torch.long) + past
-    for layer in _layers(cache):
-        if layer.keys is None or not layer.keys.numel():
-            continue
-        b, h, _, d = layer.keys.shape
-        idx = index.to(layer.keys.device)[:, None, :, None].expand(b, h, longest, d)
-        keys, values = layer.keys.gather(2, idx), layer.values.gather(2, idx)  # only the block is copied
+    for layer in _filled_layers(cache):
+        keys, values = _slots(layer.keys, index), _slots(layer.values, index)  # only the block is copied
         layer.keys, layer.values = layer.keys[:, :, : past + longest], layer.values[:, :, : past + longest]
         layer.keys[:, :, past:], layer.values[:, :, past:] = keys, values
     return longest
+
+
+def _filled_layers(cache: DynamicCache) -> list:
+    return [layer for layer in _layers(cache) if layer.keys is not None and layer.keys.numel()]
+
+
+def _slots(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """`t` `(rows, heads, slots, dim)` at each row's own slots `index` `(rows, n)` -> `(rows, heads, n, dim)`."""
+    b, h, _, d = t.shape
+    return t.gather(2, index.to(t.device)[:, None, :, None].expand(b, h, index.shape[1], d))
 
 
 # squeeze the cache when more than this share of it (and MIN_HOLES slots) is masked in its fullest row
@@ -113,12 +110,8 @@ def squeeze_holes(cache: DynamicCache, valid: torch.Tensor) -> torch.Tensor:
         n = len(slots)
         index[r, longest - n :], squeezed[r, longest - n :] = slots, True
         index[r, : longest - n] = slots[0] if n else 0
-    for layer in _layers(cache):
-        if layer.keys is None or not layer.keys.numel():
-            continue
-        b, h, _, d = layer.keys.shape
-        idx = index.to(layer.keys.device)[:, None, :, None].expand(b, h, longest, d)
-        layer.keys, layer.values = layer.keys.gather(2, idx), layer.values.gather(2, idx)
+    for layer in _filled_layers(cache):
+        layer.keys, layer.values = _slots(layer.keys, index), _slots(layer.values, index)
     return squeezed
 
 
@@ -143,15 +136,12 @@ def batched_generate(
     Returns:
         as `hf_spec.rows.generate_rows`: the batch laid out as transformers does, and each row's `SpecStats`.
     """
-    if streamer is not None:
-        raise ValueError(
-            "a streamer takes one sequence: with batch size > 1 (or num_return_sequences > 1) drop `streamer`"
-        )
-    cache = model_kwargs.get("past_key_values")
-    if cache is not None and cache.get_seq_length() > 0:
-        raise ValueError("hf-spec cannot continue a batched, pre-filled cache")
+    inputs = row_inputs(
+        input_ids, model_kwargs.get("attention_mask"), logits_processor, stopping_criteria, generation_config,
+        streamer, model_kwargs.get("past_key_values"),
+    )  # fmt: skip
     batch, length = input_ids.shape
-    pads = left_padding(input_ids, model_kwargs.get("attention_mask"))
+    pads = [length - row.input_ids.shape[1] for row in inputs]
     do_sample = bool(generation_config.do_sample)
     out_scores = generation_config.return_dict_in_generate and generation_config.output_scores
     out_logits = generation_config.return_dict_in_generate and generation_config.output_logits
@@ -182,21 +172,12 @@ def batched_generate(
     prefill_time = time.perf_counter() - t0
 
     rows: list[_Row] = []
-    for r, n_pad in enumerate(pads):
-        pad_ids = input_ids[r : r + 1, :n_pad]
-        ids = input_ids[r : r + 1, n_pad:]
+    for r, (ids, processors, criteria, config) in enumerate(inputs):
         # batchable drafters never touch the target's cache
-        state = SpecState(model, None, ids, row_config(generation_config, n_pad))
+        state = SpecState(model, None, ids, config)
         if hidden is not None:
-            state.hidden_states = hidden[r : r + 1, n_pad:]
-        rows.append(
-            _Row(
-                drafters[r],
-                state,
-                _row_processors(logits_processor, r, batch, pad_ids),
-                _PaddedCriteria(stopping_criteria, pad_ids) if n_pad else stopping_criteria,
-            )
-        )
+            state.hidden_states = hidden[r : r + 1, pads[r] :]
+        rows.append(_Row(drafters[r], state, processors, criteria))
         rows[-1].stats.time_prefill = prefill_time / batch
         drafters[r].begin(state)
 
@@ -236,14 +217,19 @@ def batched_generate(
 
             keep, finished = [], []
             for i, (r, tree) in enumerate(zip(active, trees, strict=True)):
-                done, kept = _commit(rows[r], tree, logits[i], do_sample, generator, out_scores, out_logits)
-                keep.append(kept)
-                finished.append(done)
-                if not done:
-                    h = out.hidden_states[-1][i : i + 1, kept] if want_hidden else None
-                    rows[r].state.hidden_states = h
-                    result = RoundResult(tree, kept_nodes(kept), rows[r].new_tokens[-(len(kept)) :], h)
-                    rows[r].drafter.observe(rows[r].state, result)
+                row = rows[r]
+                done = commit_round(
+                    tree, logits[i], row.state.input_ids, row.processors, row.criteria, do_sample, generator,
+                    row.scores if out_scores else None, row.logits if out_logits else None, row.stats,
+                )  # fmt: skip
+                row.state.input_ids = done.input_ids
+                row.new_tokens.extend(done.new_tokens)
+                keep.append(done.keep)
+                finished.append(done.finished)
+                if not done.finished:
+                    h = out.hidden_states[-1][i : i + 1, done.keep] if want_hidden else None
+                    row.state.hidden_states = h
+                    row.drafter.observe(row.state, RoundResult(tree, done.accepted, done.new_tokens, h))
             longest = keep_slots(cache, past, keep)
             grown = torch.zeros(len(active), longest, dtype=torch.bool)
             for i, kept in enumerate(keep):
@@ -268,53 +254,7 @@ def batched_generate(
             row.drafter.end(row.state)
 
     new = [torch.tensor(row.new_tokens, dtype=input_ids.dtype) for row in rows]
-    sequences = assemble_rows(input_ids, new, generation_config.pad_token_id)
+    scores = [tuple(row.scores) if out_scores else None for row in rows]
+    step_logits = [tuple(row.logits) if out_logits else None for row in rows]
     stats = [row.stats for row in rows]
-    if not generation_config.return_dict_in_generate:
-        return sequences, stats
-    steps = sequences.shape[1] - length
-    pad = generation_config.pad_token_id
-    return SpecDecodeOutput(
-        sequences=sequences,
-        scores=stack_steps([tuple(row.scores) for row in rows], steps, pad) if out_scores else None,
-        logits=stack_steps([tuple(row.logits) for row in rows], steps, pad) if out_logits else None,
-        past_key_values=None,
-        spec_stats=combine_stats(stats).to_dict(),
-    ), stats
-
-
-def kept_nodes(kept: list[int]) -> list[int]:
-    """Cache slots kept (root 0, node i at i + 1) -> accepted node indices."""
-    return [k - 1 for k in kept[1:]]
-
-
-def _commit(
-    row: _Row, tree: DraftTree, logits: torch.Tensor, do_sample: bool, generator, out_scores, out_logits
-):
-    """Accept row's tree from its `(width, vocab)` logits and commit; return (finished, kept cache slots)."""
-    ids = row.state.input_ids
-    score_row = _scorer(logits, ids, tree, row.processors)
-    acc = accept_sampling(tree, score_row, generator) if do_sample else accept_greedy(tree, score_row)
-    tokens = tree.tokens.tolist()
-    proposed = [tokens[i] for i in acc.accepted] + [acc.bonus]
-    committed = 0
-    finished = False
-    for j, tok in enumerate(proposed):
-        ids = torch.cat([ids, torch.tensor([[tok]], device=ids.device)], dim=1)
-        row.new_tokens.append(tok)
-        committed += 1
-        if out_scores:
-            row.scores.append(acc.scores[j][None].clone())
-        if bool(row.criteria(ids, tuple(row.scores) if out_scores else None).all()):
-            finished = True
-            break
-    row.state.input_ids = ids
-    kept = [0] + [i + 1 for i in acc.accepted]
-    if out_logits:
-        row.logits.extend(logits[k][None].clone() for k in kept[:committed])
-    row.stats.target_forwards += 1
-    row.stats.new_tokens += committed
-    row.stats.draft_tokens += len(tree)
-    row.stats.accepted_tokens += len(acc.accepted)
-    row.stats.record_round(int(tree.depth.max()) if len(tree) else 0, len(acc.accepted))
-    return finished, kept
+    return batch_output(input_ids, new, scores, step_logits, stats, generation_config), stats

@@ -214,41 +214,25 @@ def speculative_generate(
                 logits = out.logits[0].float()  # [num_nodes + 1, vocab_size]
                 t2 = time.perf_counter()
 
-                score_row = _scorer(logits, input_ids, tree, logits_processor)
-                if do_sample:
-                    acc: Acceptance = accept_sampling(tree, score_row, generator)
-                else:
-                    acc = accept_greedy(tree, score_row)
-                tokens = tree.tokens.tolist()
-                proposed = [tokens[i] for i in acc.accepted] + [acc.bonus]
-                new_tokens: list[int] = []
-                for j, tok in enumerate(proposed):
-                    input_ids = torch.cat([input_ids, torch.tensor([[tok]], device=device)], dim=1)
-                    new_tokens.append(tok)
-                    if out_scores:
-                        scores_out.append(acc.scores[j][None].clone())
-                    # criteria see what plain decoding shows them: every score so far, or None
-                    if bool(stopping_criteria(input_ids, tuple(scores_out) if out_scores else None).all()):
-                        finished = True
-                        break
+                done = commit_round(
+                    tree, logits, input_ids, logits_processor, stopping_criteria, do_sample, generator,
+                    scores_out if out_scores else None, logits_out if out_logits else None, stats,
+                )  # fmt: skip
+                input_ids, new_tokens, keep, finished = (
+                    done.input_ids,
+                    done.new_tokens,
+                    done.keep,
+                    done.finished,
+                )
                 state.input_ids = input_ids
-                keep = [0] + [i + 1 for i in acc.accepted]
                 compact_cache(cache, past, keep)
-                if out_logits:
-                    logits_out.extend(logits[k][None].clone() for k in keep[: len(new_tokens)])
                 if streamer is not None:
                     streamer.put(torch.tensor(new_tokens))
-
-                stats.target_forwards += 1
-                stats.new_tokens += len(new_tokens)
-                stats.draft_tokens += len(tree)
-                stats.accepted_tokens += len(acc.accepted)
-                stats.record_round(int(tree.depth.max()) if len(tree) else 0, len(acc.accepted))
                 if not finished:
                     hidden = out.hidden_states[-1][:, keep] if want_hidden else None
                     state.hidden_states = hidden
                     preds = logits.argmax(-1) if drafter.requires_target_predictions else None
-                    drafter.observe(state, RoundResult(tree, acc.accepted, new_tokens, hidden, preds))
+                    drafter.observe(state, RoundResult(tree, done.accepted, new_tokens, hidden, preds))
                 t3 = time.perf_counter()
                 stats.time_draft += t1 - t0
                 stats.time_verify += t2 - t1
@@ -267,6 +251,68 @@ def speculative_generate(
             spec_stats=stats.to_dict(),
         )
     return input_ids
+
+
+@dataclass
+class Committed:
+    """What one round committed (see `commit_round`)."""
+
+    input_ids: torch.Tensor  # `(1, seq_len)`, the committed tokens with this round's
+    new_tokens: list[int]  # accepted + bonus, cut at a stop
+    accepted: list[int]  # accepted node indices
+    keep: list[int]  # block slots whose keys stay cached: the root (0) and accepted node i at i + 1
+    finished: bool  # a stopping criterion fired
+
+
+def commit_round(
+    tree: DraftTree,
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    do_sample: bool,
+    generator: torch.Generator | None,
+    scores_out: list[torch.Tensor] | None,
+    logits_out: list[torch.Tensor] | None,
+    stats: SpecStats,
+) -> Committed:
+    """Accept `tree` against its verification logits `(num_nodes + 1, vocab)` and commit token by token until a
+    stopping criterion fires; append the returned scores / logits where asked (lists) and count the round."""
+    score_row = _scorer(logits, input_ids, tree, logits_processor)
+    acc: Acceptance = (
+        accept_sampling(tree, score_row, generator) if do_sample else accept_greedy(tree, score_row)
+    )
+    tokens = tree.tokens.tolist()
+    new_tokens: list[int] = []
+    finished = False
+    for j, tok in enumerate([tokens[i] for i in acc.accepted] + [acc.bonus]):
+        input_ids = torch.cat([input_ids, torch.tensor([[tok]], device=input_ids.device)], dim=1)
+        new_tokens.append(tok)
+        if scores_out is not None:
+            scores_out.append(acc.scores[j][None].clone())
+        # criteria see what plain decoding shows them: every score so far, or None
+        if bool(stopping_criteria(input_ids, tuple(scores_out) if scores_out is not None else None).all()):
+            finished = True
+            break
+    keep = [0] + [i + 1 for i in acc.accepted]
+    if logits_out is not None:
+        logits_out.extend(logits[k][None].clone() for k in keep[: len(new_tokens)])
+    stats.target_forwards += 1
+    stats.new_tokens += len(new_tokens)
+    stats.draft_tokens += len(tree)
+    stats.accepted_tokens += len(acc.accepted)
+    stats.record_round(int(tree.depth.max()) if len(tree) else 0, len(acc.accepted))
+    return Committed(input_ids, new_tokens, acc.accepted, keep, finished)
+
+
+def sum_counts(lists) -> list[int]:
+    """Element-wise sum of count lists of different lengths."""
+    total: list[int] = []
+    for counts in lists:
+        total.extend([0] * (len(counts) - len(total)))
+        for d, c in enumerate(counts):
+            total[d] += c
+    return total
 
 
 def _scorer(logits: torch.Tensor, input_ids: torch.Tensor, tree: DraftTree, processors: LogitsProcessorList):

@@ -11,9 +11,17 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from dataclasses import fields
+from typing import NamedTuple
 
 import torch
-from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
+from transformers import (
+    DynamicCache,
+    GenerationConfig,
+    LogitsProcessorList,
+    PreTrainedModel,
+    StoppingCriteriaList,
+)
 from transformers.generation.logits_process import (
     EncoderNoRepeatNGramLogitsProcessor,
     EncoderRepetitionPenaltyLogitsProcessor,
@@ -22,7 +30,7 @@ from transformers.generation.logits_process import (
     UnbatchedClassifierFreeGuidanceLogitsProcessor,
 )
 
-from hf_spec.generate import SpecDecodeOutput, SpecStats
+from hf_spec.generate import SpecDecodeOutput, SpecStats, sum_counts
 from hf_spec.verify.cache import cache_length
 
 
@@ -122,25 +130,77 @@ def _filler(like: torch.Tensor, pad_token_id: int | None) -> torch.Tensor:
 def combine_stats(parts: list[SpecStats]) -> SpecStats:
     """One `SpecStats` summing the rows' counters (tau is then committed tokens per forward over the batch)."""
     total = SpecStats()
-    for s in parts:
-        for name in (
-            "new_tokens",
-            "target_forwards",
-            "draft_tokens",
-            "accepted_tokens",
-            "time_draft",
-            "time_verify",
-            "time_other",
-            "time_prefill",
-        ):
-            setattr(total, name, getattr(total, name) + getattr(s, name))
-        for d, (tries, hits) in enumerate(zip(s.depth_tries, s.depth_hits, strict=True)):
-            if d == len(total.depth_tries):
-                total.depth_tries.append(0)
-                total.depth_hits.append(0)
-            total.depth_tries[d] += tries
-            total.depth_hits[d] += hits
+    for f in fields(SpecStats):
+        values = [getattr(s, f.name) for s in parts]
+        setattr(
+            total, f.name, sum_counts(values) if isinstance(getattr(total, f.name), list) else sum(values)
+        )
     return total
+
+
+class RowInputs(NamedTuple):
+    """One row of a left-padded batch as the single-sequence loop takes it."""
+
+    input_ids: torch.Tensor  # `(1, length - num_pad)`, the row without its padding
+    processors: LogitsProcessorList
+    criteria: StoppingCriteriaList
+    generation_config: GenerationConfig
+
+
+def row_inputs(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config: GenerationConfig,
+    streamer=None,
+    cache=None,
+) -> list[RowInputs]:
+    """Split a left-padded batch into its rows; refuse what a batch cannot have (a streamer, a filled cache)."""
+    if streamer is not None:
+        raise ValueError(
+            "a streamer takes one sequence: with batch size > 1 (or num_return_sequences > 1) drop `streamer`"
+        )
+    if cache is not None and cache_length(cache) > 0:
+        raise ValueError("hf-spec cannot continue a batched, pre-filled cache")
+    pads = left_padding(input_ids, attention_mask)
+    rows = []
+    for r, n_pad in enumerate(pads):
+        pad_ids = input_ids[r : r + 1, :n_pad]
+        rows.append(
+            RowInputs(
+                input_ids[r : r + 1, n_pad:],
+                _row_processors(logits_processor, r, len(pads), pad_ids),
+                _PaddedCriteria(stopping_criteria, pad_ids) if n_pad else stopping_criteria,
+                row_config(generation_config, n_pad),
+            )
+        )
+    return rows
+
+
+def batch_output(
+    input_ids: torch.Tensor,
+    new_tokens: list[torch.Tensor],
+    scores: list[tuple | None],
+    logits: list[tuple | None],
+    stats: list[SpecStats],
+    generation_config: GenerationConfig,
+) -> torch.Tensor | SpecDecodeOutput:
+    """The rows' new tokens (and per-step scores / logits) laid out as transformers lays out a batch."""
+    pad_token_id = generation_config.pad_token_id
+    if isinstance(pad_token_id, list):
+        pad_token_id = pad_token_id[0]
+    sequences = assemble_rows(input_ids, new_tokens, pad_token_id)
+    if not generation_config.return_dict_in_generate:
+        return sequences
+    steps = sequences.shape[1] - input_ids.shape[1]
+    return SpecDecodeOutput(
+        sequences=sequences,
+        scores=stack_steps(scores, steps, pad_token_id),
+        logits=stack_steps(logits, steps, pad_token_id),
+        past_key_values=None,
+        spec_stats=combine_stats(stats).to_dict(),
+    )
 
 
 def generate_rows(
@@ -166,60 +226,28 @@ def generate_rows(
         `pad_token_id`; their `scores` / `logits` at later steps give padding log-probability 0 and every
         other token -inf. The batch's KV cache is not returned (`past_key_values=None`): each row had its own.
     """
-    if streamer is not None:
-        raise ValueError(
-            "a streamer takes one sequence: with batch size > 1 (or num_return_sequences > 1) drop `streamer`"
-        )
-    cache = model_kwargs.pop("past_key_values", None)
-    if cache is not None and cache_length(cache) > 0:
-        raise ValueError("hf-spec decodes a batch row by row and cannot continue a batched, pre-filled cache")
-    pads = left_padding(input_ids, model_kwargs.pop("attention_mask", None))
+    rows = row_inputs(
+        input_ids, model_kwargs.pop("attention_mask", None), logits_processor, stopping_criteria,
+        generation_config, streamer, model_kwargs.pop("past_key_values", None),
+    )  # fmt: skip
     model_kwargs.pop("position_ids", None)  # each row counts its positions from its first real token
-    length = input_ids.shape[1]
-    pad_token_id = generation_config.pad_token_id
-    if isinstance(pad_token_id, list):
-        pad_token_id = pad_token_id[0]
-
-    rows: list[torch.Tensor] = []
-    outputs: list[SpecDecodeOutput | None] = []
-    stats: list[SpecStats] = []
-    for r, n_pad in enumerate(pads):
-        pad_ids = input_ids[r : r + 1, :n_pad]
+    new_tokens, outputs, stats = [], [], []
+    for row in rows:
         stats.append(SpecStats())
         out = decode_row(
-            model,
-            input_ids[r : r + 1, n_pad:],
-            _row_processors(logits_processor, r, len(pads), pad_ids),
-            _PaddedCriteria(stopping_criteria, pad_ids) if n_pad else stopping_criteria,
-            row_config(generation_config, n_pad),
-            stats=stats[-1],
-            past_key_values=DynamicCache(config=model.config),
-            **model_kwargs,
+            model, *row, stats=stats[-1], past_key_values=DynamicCache(config=model.config), **model_kwargs
         )
-        outputs.append(out if isinstance(out, SpecDecodeOutput) else None)
         sequence = out.sequences if isinstance(out, SpecDecodeOutput) else out
-        rows.append(sequence[0, length - n_pad :])  # the new tokens
-
-    sequences = assemble_rows(input_ids, rows, pad_token_id)
-    longest = sequences.shape[1] - length
-    if not generation_config.return_dict_in_generate:
-        return sequences, stats
-    return SpecDecodeOutput(
-        sequences=sequences,
-        scores=stack_steps([o.scores for o in outputs], longest, pad_token_id),
-        logits=stack_steps([o.logits for o in outputs], longest, pad_token_id),
-        past_key_values=None,
-        spec_stats=combine_stats(stats).to_dict(),
-    ), stats
+        new_tokens.append(sequence[0, row.input_ids.shape[1] :])
+        outputs.append(out if isinstance(out, SpecDecodeOutput) else None)
+    scores = [o.scores if o is not None else None for o in outputs]
+    logits = [o.logits if o is not None else None for o in outputs]
+    return batch_output(input_ids, new_tokens, scores, logits, stats, generation_config), stats
 
 
-def assemble_rows(
-    input_ids: torch.Tensor, new: list[torch.Tensor], pad_token_id: int | list | None
-) -> torch.Tensor:
+def assemble_rows(input_ids: torch.Tensor, new: list[torch.Tensor], pad_token_id: int | None) -> torch.Tensor:
     """The padded prompts `(batch, length)` and each row's new tokens -> `(batch, length + longest)`, rows that
     stopped early filled with `pad_token_id`."""
-    if isinstance(pad_token_id, list):
-        pad_token_id = pad_token_id[0]
     length, longest = input_ids.shape[1], max(len(t) for t in new)
     if pad_token_id is None and any(len(t) < longest for t in new):
         raise ValueError(
@@ -237,8 +265,6 @@ def stack_steps(per_row: list, steps: int, pad_token_id: int | None) -> tuple[to
     """Per-row tuples of `(1, vocab)` step tensors -> a tuple of `(batch, vocab)`, finished rows filled."""
     if per_row[0] is None:
         return None
-    if isinstance(pad_token_id, list):
-        pad_token_id = pad_token_id[0]
     fill = _filler(next(row[0] for row in per_row if row), pad_token_id)
     return tuple(
         torch.cat([row[t] if t < len(row) else fill for row in per_row], dim=0) for t in range(steps)

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from hf_spec.decoder import SpeculativeDecoder
+from hf_spec.generate import sum_counts
 from hf_spec.kernels.skinny_linear import fast_linears, one_row_kernel_decision
 from hf_spec.models.fetch import dtype_name
 
@@ -255,16 +256,6 @@ def compare_greedy(model, input_ids: torch.Tensor, ar_tokens: list[int], new_ids
     }
 
 
-def _sum_counts(lists) -> list[int]:
-    """Element-wise sum of count lists of different lengths."""
-    total: list[int] = []
-    for counts in lists:
-        total.extend([0] * (len(counts) - len(total)))
-        for d, c in enumerate(counts):
-            total[d] += c
-    return total
-
-
 def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
@@ -309,8 +300,8 @@ def summarize(runs: list[dict], method_names: list[str], check_lossless: bool) -
         if any("stats" in r for r in rows):
             keys = ("time_prefill", "time_draft", "time_verify", "time_other", "target_forwards")
             entry["totals"] = {k: sum(r["stats"][k] for r in rows) for k in keys}
-            tries = _sum_counts(r["stats"].get("depth_tries", []) for r in rows)
-            hits = _sum_counts(r["stats"].get("depth_hits", []) for r in rows)
+            tries = sum_counts(r["stats"].get("depth_tries", []) for r in rows)
+            hits = sum_counts(r["stats"].get("depth_hits", []) for r in rows)
             entry["acceptance_by_depth"] = [round(a, 4) for a in acceptance_by_depth(hits, tries)]
             entry["overhead_ms_per_round"] = (
                 1000 * entry["totals"]["time_other"] / max(entry["totals"]["target_forwards"], 1)

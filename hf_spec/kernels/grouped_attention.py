@@ -87,9 +87,8 @@ def grouped_attention_forward(
     bias = mask[:, None, None].expand(batch, kv_heads, groups, rows, kv_len)
     bias = bias.reshape(batch * kv_heads, groups * rows, kv_len)
     k, v = k.reshape(batch * kv_heads, kv_len, dim), v.reshape(batch * kv_heads, kv_len, dim_v)
-    scores = torch.baddbmm(
-        bias, q, k.transpose(1, 2), alpha=scale
-    )  # (batch * kv_heads, groups * rows, kv_len)
+    # (batch * kv_heads, groups * rows, kv_len)
+    scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=scale)
     out = torch.bmm(torch.softmax(scores, dim=-1), v)  # (batch * kv_heads, groups * rows, dim_v)
     return out.view(batch, heads, rows, dim_v).transpose(1, 2).to(query.dtype).contiguous(), None
 

@@ -64,7 +64,7 @@ def one_row_kernel_pays() -> bool:
     forced = _forced("HF_SPEC_ONE_ROW_KERNEL")
     if forced is not None:
         return forced
-    return _remembered(_one_row, torch.get_num_threads(), lambda: _measure_one_row())
+    return _remembered(_one_row, torch.get_num_threads(), _measure_one_row)
 
 
 def one_row_kernel_decision() -> bool | None:
