@@ -31,6 +31,7 @@ from hf_spec.methods.base import Drafter, RoundResult, SpecState
 from hf_spec.rows import batch_output, row_inputs
 from hf_spec.tree.buffers import DraftTree
 from hf_spec.verify.cache import _layers
+from hf_spec.verify.windows import target_cache, windowed_mask
 
 
 @dataclass
@@ -151,18 +152,18 @@ def batched_generate(
 
     # prefill every row but its last token (its first root); pad slots are invalid for good
     t0 = time.perf_counter()
-    cache = DynamicCache(config=model.config)
+    cache = target_cache(model)
     valid = torch.ones(batch, length - 1, dtype=torch.bool)
     for r, n_pad in enumerate(pads):
         valid[r, :n_pad] = False
     positions = (valid.long().cumsum(1) - 1).clamp(min=0)
     hidden = None
     if length > 1:
-        mask = prefill_mask(valid, dtype)
+        mask = windowed_mask(model, prefill_mask(valid, dtype).to(device), positions, positions)
         out = model(
             input_ids=input_ids[:, :-1],
             position_ids=positions.to(device),
-            attention_mask=mask.to(device),
+            attention_mask=mask,
             past_key_values=cache,
             use_cache=True,
             output_hidden_states=want_hidden,
@@ -202,12 +203,15 @@ def batched_generate(
                 block[i, 1 : 1 + len(tree)] = tree.tokens
                 depth = torch.cat([torch.zeros(1, dtype=torch.long), tree.depth.long()])
                 pos[i, : len(tree) + 1] = depth + int(valid[i].sum())
-            mask = block_mask(valid, trees, width, dtype)
+            slot_positions = torch.cat([valid.long().cumsum(1) - 1, pos], dim=1)
+            mask = windowed_mask(
+                model, block_mask(valid, trees, width, dtype).to(device), pos, slot_positions
+            )
             with fast_linears(model), screened_lm_head(model, enabled=screen), grouped_attention(model):
                 out = model(
                     input_ids=block.to(device),
                     position_ids=pos.to(device),
-                    attention_mask=mask.to(device),
+                    attention_mask=mask,
                     past_key_values=cache,
                     use_cache=True,
                     output_hidden_states=want_hidden,

@@ -30,6 +30,7 @@ from hf_spec.methods.base import Drafter, RoundResult, SpecState
 from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
 from hf_spec.verify.acceptance import Acceptance, accept_greedy, accept_sampling
 from hf_spec.verify.cache import cache_length, compact_cache
+from hf_spec.verify.windows import attention_windows, rewindable_cache, sequence_mask
 
 
 @dataclass
@@ -96,6 +97,7 @@ def check_supported(
     """Raise a clear error for settings the speculative loop cannot honour."""
     if model.config.is_encoder_decoder:
         raise ValueError("hf-spec supports decoder-only models; encoder-decoder models are not supported")
+    attention_windows(model)  # raises for layer types a tree cannot be verified with
     if (generation_config.num_beams or 1) > 1:
         raise ValueError("hf-spec does not support beam search (num_beams > 1)")
     if (generation_config.num_return_sequences or 1) > 1:
@@ -157,6 +159,7 @@ def speculative_generate(
     cache = model_kwargs.get("past_key_values")
     if cache is None:
         raise ValueError("hf-spec needs a KV cache from `generate` (use_cache=True)")
+    cache = rewindable_cache(model, cache)
     stats = stats if stats is not None else SpecStats()
     want_hidden = drafter.requires_hidden_states
     do_sample = bool(generation_config.do_sample)
@@ -207,7 +210,9 @@ def speculative_generate(
                     mask = None
                 else:
                     position_ids = tree_position_ids(tree, past, device)
-                    mask = tree_attention_mask(tree, past, model.dtype, device)
+                    mask = sequence_mask(
+                        model, tree_attention_mask(tree, past, model.dtype, device), position_ids
+                    )
                 # the stock full target forward, unless the drafter continues one it began (HiSpec)
                 with screened_lm_head(model, enabled=screen and len(tree) > 0):
                     out = drafter.verify_forward(state, tree, verify_ids, position_ids, mask, want_hidden)

@@ -16,7 +16,6 @@ from typing import NamedTuple
 
 import torch
 from transformers import (
-    DynamicCache,
     GenerationConfig,
     LogitsProcessorList,
     PreTrainedModel,
@@ -32,6 +31,7 @@ from transformers.generation.logits_process import (
 
 from hf_spec.generate import SpecDecodeOutput, SpecStats, sum_counts
 from hf_spec.verify.cache import cache_length
+from hf_spec.verify.windows import target_cache
 
 
 class _PaddedProcessors(LogitsProcessorList):
@@ -234,9 +234,7 @@ def generate_rows(
     new_tokens, outputs, stats = [], [], []
     for row in rows:
         stats.append(SpecStats())
-        out = decode_row(
-            model, *row, stats=stats[-1], past_key_values=DynamicCache(config=model.config), **model_kwargs
-        )
+        out = decode_row(model, *row, stats=stats[-1], past_key_values=target_cache(model), **model_kwargs)
         sequence = out.sequences if isinstance(out, SpecDecodeOutput) else out
         new_tokens.append(sequence[0, row.input_ids.shape[1] :])
         outputs.append(out if isinstance(out, SpecDecodeOutput) else None)

@@ -104,12 +104,17 @@ def grouped_attention_disabled() -> bool:
 
 @contextlib.contextmanager
 def grouped_attention(model: nn.Module, enabled: bool = True) -> Iterator[None]:
-    """Inside the block a CPU model that runs `sdpa` runs `grouped_attention_forward` instead (same masks)."""
+    """Inside the block a CPU model that runs `sdpa` runs `grouped_attention_forward` instead (same masks).
+
+    Only models that dispatch attention through transformers' `AttentionInterface` (`_supports_attention_backend`):
+    others (Falcon, ...) test `_attn_implementation == "sdpa"` themselves and would take their eager branch, with
+    the registered mask function's boolean mask added to the scores as if it were additive."""
     config = getattr(model, "config", None)
     if (
         not enabled
         or grouped_attention_disabled()
         or config is None
+        or not getattr(type(model), "_supports_attention_backend", False)
         or getattr(config, "_attn_implementation", None) != "sdpa"
         or getattr(config, "sub_configs", None)  # a composite model: its parts keep their own settings
         or next(model.parameters()).device.type != "cpu"

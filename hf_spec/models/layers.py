@@ -10,6 +10,8 @@ import torch
 from torch import nn
 from transformers import Cache, PreTrainedModel
 
+from hf_spec.verify.windows import attention_windows
+
 
 @dataclass
 class DecoderParts:
@@ -32,10 +34,11 @@ def decoder_parts(model: PreTrainedModel) -> DecoderParts:
             f"{type(model).__name__} does not have the Llama-family layout (model.model.embed_tokens/layers/norm/"
             "rotary_emb, model.lm_head) that layer-wise methods need"
         )
-    layer_types = getattr(model.config, "layer_types", None)
-    if layer_types and any(t != "full_attention" for t in layer_types):
+    windows = {w for w in attention_windows(model) if w is not None}
+    if windows:
         raise ValueError(
-            f"{type(model).__name__} uses {set(layer_types)} attention; only full attention is supported"
+            f"{type(model).__name__} has sliding-window attention (window {min(windows)}); layer-wise methods "
+            "(early exit, HiSpec, exit-layer drafting) support full attention only"
         )
     return DecoderParts(base.embed_tokens, base.layers, base.norm, base.rotary_emb, model.lm_head)
 

@@ -14,7 +14,8 @@ def _layers(cache: Cache):
         if type(layer).__name__ != "DynamicLayer":
             raise TypeError(
                 f"hf-spec can only rewind full-attention dynamic cache layers; got {type(layer).__name__} "
-                "(sliding-window, static and quantized caches are not supported)"
+                "(pass no cache or an empty one: hf-spec builds its own for sliding-window models; static and "
+                "quantized caches are not supported)"
             )
     return layers
 

@@ -10,6 +10,7 @@ from hf_spec.methods.draft_model.config import DraftModelConfig
 from hf_spec.methods.stepwise import StepwiseDrafter
 from hf_spec.tree.buffers import DraftTree
 from hf_spec.verify.cache import compact_cache, crop_cache
+from hf_spec.verify.windows import sequence_mask, target_cache
 
 
 class DraftModelDrafter(Drafter, StepwiseDrafter):
@@ -40,7 +41,7 @@ class DraftModelDrafter(Drafter, StepwiseDrafter):
         self.pending: list[int] = []
 
     def begin(self, state: SpecState) -> None:
-        self.cache = DynamicCache(config=self.draft.config)
+        self.cache = target_cache(self.draft)
         self.cached = 0
         self.pending = []
 
@@ -103,7 +104,7 @@ class DraftModelDrafter(Drafter, StepwiseDrafter):
             out = self.draft(
                 input_ids=ids,
                 position_ids=position_ids,
-                attention_mask=mask,
+                attention_mask=sequence_mask(self.draft, mask, position_ids),
                 past_key_values=self.cache,
                 use_cache=True,
             )

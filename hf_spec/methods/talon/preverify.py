@@ -19,6 +19,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from hf_spec.kernels.skinny_linear import fast_linears
 from hf_spec.tree.buffers import DraftTree, additive_mask, tree_attention_mask, tree_position_ids
 from hf_spec.verify.cache import cache_length, compact_cache
+from hf_spec.verify.windows import sequence_mask, windowed_mask
 
 
 @dataclass
@@ -37,10 +38,11 @@ def pre_verify(model, cache, root: int, tree: DraftTree, output_hidden_states: b
     past = cache_length(cache)
     device = next(model.parameters()).device
     ids = torch.cat([torch.tensor([root]), tree.tokens]).view(1, -1).to(device)
+    positions = tree_position_ids(tree, past, device)
     out = model(
         input_ids=ids,
-        position_ids=tree_position_ids(tree, past, device),
-        attention_mask=tree_attention_mask(tree, past, model.dtype, device),
+        position_ids=positions,
+        attention_mask=sequence_mask(model, tree_attention_mask(tree, past, model.dtype, device), positions),
         past_key_values=cache,
         use_cache=True,
         output_hidden_states=output_hidden_states,
@@ -81,13 +83,18 @@ def finish_verification(
         allowed[:, :past] = True
         cols = torch.tensor(slot) + past
         allowed[:, cols] = visible
-        mask = additive_mask(allowed, model.dtype)
         depth = fused.depth[torch.tensor(new)]
+        positions = (depth + past).view(1, -1)
+        key_positions = torch.arange(past + m + 1 + len(new))  # block slots: [root] + fused nodes, by slot
+        key_positions[cols] = torch.cat([torch.zeros(1, dtype=torch.long), fused.depth]) + past
+        mask = windowed_mask(
+            model, additive_mask(allowed, model.dtype).to(device), positions, key_positions[None]
+        )
         with fast_linears(model):
             out = model(
                 input_ids=fused.tokens[torch.tensor(new)].view(1, -1).to(device),
-                position_ids=(depth + past).view(1, -1).to(device),
-                attention_mask=mask.to(device),
+                position_ids=positions.to(device),
+                attention_mask=mask,
                 past_key_values=cache,
                 use_cache=True,
                 output_hidden_states=output_hidden_states,

@@ -1,0 +1,213 @@
+"""Causal LMs beyond Llama and Qwen2 through hf-spec: tiny random models of many architectures, greedy output
+equal to their own `generate` with real trees (siblings, non-prefix acceptance) for a single sequence and a
+padded batch; sliding-window models (uniform and mixed with full layers) past their window; clear errors where a
+method cannot run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers as T
+from transformers import DynamicCache
+
+from hf_spec import SpeculativeDecoder
+from hf_spec.config import MethodConfig
+from hf_spec.methods.base import Drafter, SpecState
+from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
+from hf_spec.verify.windows import attention_windows, sequence_mask, target_cache, windowed_mask
+from tests.conftest import assert_equal_up_to_ties, prompt_ids
+
+V, WINDOW = 96, 8
+COMMON = dict(
+    vocab_size=V,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+    tie_word_embeddings=False,
+)
+GPT = dict(n_embd=32, n_layer=4, n_head=4, n_positions=512)
+# name -> (config class, extra fields, attention implementation)
+ARCHITECTURES = {
+    "mistral": (T.MistralConfig, {"sliding_window": None}, "sdpa"),
+    "phi3": (T.Phi3Config, {}, "sdpa"),
+    "phi": (T.PhiConfig, {}, "sdpa"),
+    "gemma": (T.GemmaConfig, {"head_dim": 8}, "sdpa"),
+    "olmo2": (T.Olmo2Config, {}, "sdpa"),
+    "stablelm": (T.StableLmConfig, {}, "sdpa"),
+    "cohere": (T.CohereConfig, {}, "sdpa"),
+    "gpt2": (T.GPT2Config, GPT, "sdpa"),
+    "gpt_bigcode": (T.GPTBigCodeConfig, GPT, "sdpa"),
+    "gpt_neox": (T.GPTNeoXConfig, {}, "sdpa"),
+    "opt": (T.OPTConfig, {"ffn_dim": 64, "word_embed_proj_dim": 32}, "sdpa"),
+    "falcon": (T.FalconConfig, {"new_decoder_architecture": True, "num_kv_heads": 2}, "sdpa"),
+    "mixtral": (
+        T.MixtralConfig,
+        {"sliding_window": None, "num_local_experts": 4, "num_experts_per_tok": 2},
+        "sdpa",
+    ),
+}
+SLIDING = {
+    "mistral-window": (T.MistralConfig, {"sliding_window": WINDOW}, "sdpa"),  # every layer slides
+    "gemma3-window": (
+        T.Gemma3TextConfig,
+        {"head_dim": 8, "sliding_window": WINDOW, "sliding_window_pattern": 2},
+        "sdpa",
+    ),  # sliding and full layers alternate
+    "qwen2-window": (
+        T.Qwen2Config,
+        {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 2},
+        "sdpa",
+    ),
+    "gemma2-window": (T.Gemma2Config, {"head_dim": 8, "sliding_window": WINDOW}, "eager"),
+}
+
+
+def build(name: str):
+    cls, extra, attention = {**ARCHITECTURES, **SLIDING}[name]
+    torch.manual_seed(0)
+    model = T.AutoModelForCausalLM.from_config(cls(**{**COMMON, **extra}), attn_implementation=attention)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(4.0)  # peaked logits: few near-ties
+    return model.eval()
+
+
+class GreedyTreeDrafter(Drafter):
+    """Knows the target's greedy continuation and hides it in a tree: at each of 3 levels a wrong first child,
+    then the right one, so acceptance takes non-first branches (the cache keeps non-prefix slots) and goes deep."""
+
+    batchable = True
+
+    def __init__(self, target) -> None:
+        super().__init__(MethodConfig(), target)
+
+    def for_another_row(self) -> GreedyTreeDrafter:
+        return self
+
+    def propose(self, state: SpecState, max_depth: int) -> DraftTree:
+        ids = state.input_ids
+        tokens, parents, parent = [], [], -1
+        for _ in range(min(3, max_depth)):
+            with torch.no_grad():
+                right = int(self.model(input_ids=ids).logits[0, -1].argmax())
+            wrong = (right + 1) % V
+            tokens += [wrong, right]
+            parents += [parent, parent]
+            parent = len(tokens) - 1
+            ids = torch.cat([ids, torch.tensor([[right]])], dim=1)
+        return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
+
+
+def long_prompt() -> torch.Tensor:
+    body = prompt_ids(12, V)[:, 1:]
+    return torch.cat([torch.ones(1, 1, dtype=torch.long), body, body[:, :6]], dim=1)  # 18 tokens, a repeat
+
+
+def check_single_and_batch(model, new: int = 36) -> None:
+    ids = long_prompt()
+    for prompt in (ids, ids[:, 3:]):
+        ref = model.generate(prompt, max_new_tokens=new, do_sample=False, eos_token_id=None)
+        for drafter in (GreedyTreeDrafter(model), "pld", "oracle:3"):  # trees, both, chains
+            dec = SpeculativeDecoder(drafter)
+            out = model.generate(
+                prompt, max_new_tokens=new, do_sample=False, eos_token_id=None, custom_generate=dec
+            )
+            assert_equal_up_to_ties(model, prompt, out, ref)
+    batch = torch.cat([ids, torch.cat([torch.zeros(1, 3, dtype=torch.long), ids[:, 3:]], dim=1)])
+    mask = torch.ones_like(batch)
+    mask[1, :3] = 0
+    kwargs = dict(max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0, attention_mask=mask)
+    ref = model.generate(batch, **kwargs)
+    for mode in ("batched", "rows"):
+        out = model.generate(
+            batch, **kwargs, custom_generate=SpeculativeDecoder(GreedyTreeDrafter(model), batches=mode)
+        )
+        for r, n_pad in enumerate((0, 3)):
+            prompt = batch[r : r + 1, n_pad:]
+            assert_equal_up_to_ties(model, prompt, out[r : r + 1, n_pad:], ref[r : r + 1, n_pad:])
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_greedy_trees_equal_generate_on_many_architectures(name):
+    check_single_and_batch(build(name))
+
+
+@pytest.mark.parametrize("name", sorted(SLIDING))
+def test_sliding_window_models_past_their_window(name):
+    """54 tokens through a window of 8: hf-spec keeps every key and masks what the window drops."""
+    model = build(name)
+    assert any(w == WINDOW for w in attention_windows(model))
+    check_single_and_batch(model)
+
+
+@pytest.mark.parametrize("name", ["mistral-window", "gemma3-window"])
+def test_windowed_tree_mask_gives_the_models_sliding_logits(name):
+    """A 6-token block verified after 20 cached tokens with hf-spec's full cache and windowed mask gives the logits
+    of the model's own forward (its own sliding masks); without the window it would not."""
+    model = build(name)
+    ids = torch.randint(3, V, (1, 26), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = model(input_ids=ids).logits[0, 20:]
+        tree = DraftTree.chain(ids[0, 21:].tolist())
+        positions = tree_position_ids(tree, 20)
+        plain = tree_attention_mask(tree, 20)
+        outs = []
+        for mask in (sequence_mask(model, plain, positions), plain):
+            cache = target_cache(model)
+            model(input_ids=ids[:, :20], past_key_values=cache, use_cache=True)
+            out = model(
+                input_ids=ids[:, 20:], position_ids=positions, attention_mask=mask, past_key_values=cache
+            )
+            outs.append(out.logits[0])
+    windowed, unwindowed = outs
+    torch.testing.assert_close(windowed, want, atol=1e-4, rtol=1e-4)
+    assert (unwindowed - want).abs().max() > 1e-2
+
+
+def test_windowed_mask_hides_keys_a_window_back():
+    model = build("gemma3-window")
+    mask = torch.zeros(1, 1, 2, 12)
+    masks = windowed_mask(model, mask, torch.tensor([[10, 11]]), torch.arange(12)[None])
+    assert set(masks) == {"full_attention", "sliding_attention"}
+    assert torch.equal(masks["full_attention"], mask)
+    hidden = masks["sliding_attention"][0, 0] < 0
+    assert hidden[0].tolist() == [True] * 3 + [False] * 9  # query at 10 sees keys 3..11 (10 - key < 8)
+    assert hidden[1].tolist() == [True] * 4 + [False] * 8
+
+
+def test_the_cache_is_full_attention_for_sliding_models():
+    assert type(target_cache(build("mistral-window"))) is DynamicCache
+    model = build("mistral-window")
+    cache = target_cache(model)
+    model(input_ids=long_prompt(), past_key_values=cache, use_cache=True)
+    assert cache.layers[0].keys.shape[-2] == long_prompt().shape[1]  # nothing dropped
+
+
+def test_layer_wise_methods_refuse_sliding_windows():
+    model = build("mistral-window")
+    with pytest.raises(ValueError, match="sliding-window attention"):
+        model.generate(long_prompt(), max_new_tokens=4, custom_generate=SpeculativeDecoder("early-exit:2"))
+
+
+def test_a_filled_sliding_cache_is_refused():
+    model = build("mistral-window")
+    ids = long_prompt()
+    cache = DynamicCache(config=model.config)
+    model(input_ids=ids[:, :10], past_key_values=cache, use_cache=True)
+    with pytest.raises(TypeError, match="DynamicSlidingWindowLayer"):
+        model.generate(
+            ids, past_key_values=cache, max_new_tokens=4, custom_generate=SpeculativeDecoder("pld")
+        )
+
+
+def test_unsupported_layer_types_are_named():
+    model = build("mistral")
+    model.config.layer_types = ["chunked_attention"] * 4
+    model.config.attention_chunk_size = 4
+    with pytest.raises(ValueError, match="chunked_attention"):
+        model.generate(long_prompt(), max_new_tokens=4, custom_generate=SpeculativeDecoder("pld"))
