@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 
+from hf_spec.draft_switch import DraftSwitch
 from hf_spec.generate import SpecDecodeOutput, SpecStats, commit_round
 from hf_spec.kernels.grouped_attention import grouped_attention
 from hf_spec.kernels.screened_head import screened_lm_head, screening_applies
@@ -125,6 +126,7 @@ def batched_generate(
     drafters: list[Drafter],
     generator: torch.Generator | None = None,
     streamer=None,
+    switch: DraftSwitch | None = None,
     **model_kwargs,
 ) -> tuple[torch.Tensor | SpecDecodeOutput, list[SpecStats]]:
     """Speculative decoding of a left-padded batch with one verification forward per round.
@@ -133,6 +135,7 @@ def batched_generate(
         input_ids: `torch.LongTensor` of shape `(batch_size, prompt_length)`; `model_kwargs["attention_mask"]`
             marks the left padding.
         drafters: one per row, each `batchable`.
+        switch: decides round by round whether to draft or take a plain step (`None`: always draft).
 
     Returns:
         as `hf_spec.rows.generate_rows`: the batch laid out as transformers does, and each row's `SpecStats`.
@@ -187,9 +190,15 @@ def batched_generate(
         while active:
             t0 = time.perf_counter()
             in_round = list(active)
+            drafting = switch is None or switch.draft_now()
             trees = []
             for r in active:
                 row = rows[r]
+                if not drafting:  # a plain step: one row per sequence
+                    row.drafter.skip_round()
+                    row.stats.plain_rounds += 1
+                    trees.append(DraftTree.empty())
+                    continue
                 room = max(row.state.generation_config.max_length - row.state.seq_len - 1, 0)
                 trees.append(row.drafter.propose(row.state, max_depth=room).truncate_depth(room))
             t1 = time.perf_counter()
@@ -219,7 +228,7 @@ def batched_generate(
             logits = out.logits.float()  # [rows, width, vocab]
             t2 = time.perf_counter()
 
-            keep, finished = [], []
+            keep, finished, committed = [], [], 0
             for i, (r, tree) in enumerate(zip(active, trees, strict=True)):
                 row = rows[r]
                 done = commit_round(
@@ -228,6 +237,7 @@ def batched_generate(
                 )  # fmt: skip
                 row.state.input_ids = done.input_ids
                 row.new_tokens.extend(done.new_tokens)
+                committed += len(done.new_tokens)
                 keep.append(done.keep)
                 finished.append(done.finished)
                 if not done.finished:
@@ -249,6 +259,8 @@ def batched_generate(
                 valid = valid[stay]
                 active = [active[i] for i in stay]
             t3 = time.perf_counter()
+            if switch is not None:
+                switch.record(drafting, committed, t3 - t0)
             for r in in_round:  # each row of the round gets an even share of its times
                 rows[r].stats.time_draft += (t1 - t0) / len(in_round)
                 rows[r].stats.time_verify += (t2 - t1) / len(in_round)

@@ -12,6 +12,7 @@ from transformers.utils import logging
 
 from hf_spec.batched import batched_generate
 from hf_spec.config import MethodConfig
+from hf_spec.draft_switch import DraftSwitch
 from hf_spec.generate import (
     SpecDecodeOutput,
     SpecStats,
@@ -46,8 +47,10 @@ class SpeculativeDecoder:
         batches: how a batch (or a padded prompt) is decoded. `"batched"`: every row's tree verified in one
             target forward per round, one drafter copy per row (`hf_spec.batched`; drafters with `batchable`:
             pld, retrieval, eagle, lyanna); `"rows"`: row by row with speculation (any drafter); `"auto"`
-            (default): batched where the drafter allows, else rows; `"plain"`: transformers' own decoding,
-            no speculation, its linears on hf-spec's CPU kernels where they apply (`last_stats` None).
+            (default): batched where the drafter allows, and there round by round a tree or a plain step,
+            whichever commits more tokens per second as measured (`hf_spec.draft_switch`), else rows;
+            `"plain"`: transformers' own decoding, no speculation, its linears on hf-spec's CPU kernels where
+            they apply (`last_stats` None).
     """
 
     def __init__(
@@ -160,7 +163,8 @@ class SpeculativeDecoder:
         if batched:
             out, row_stats = batched_generate(
                 model, input_ids, logits_processor, stopping_criteria, generation_config,
-                self.row_drafters(model, input_ids.shape[0]), generator, streamer=streamer, **model_kwargs,
+                self.row_drafters(model, input_ids.shape[0]), generator, streamer=streamer,
+                switch=DraftSwitch() if self.batches == "auto" else None, **model_kwargs,
             )  # fmt: skip
         else:
             if input_ids.shape[0] > 1:

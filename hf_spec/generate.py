@@ -41,6 +41,9 @@ class SpecStats:
     target_forwards: int = 0
     draft_tokens: int = 0  # proposed nodes, summed over rounds
     accepted_tokens: int = 0  # accepted draft nodes
+    plain_rounds: int = (
+        0  # rounds of a batch that took a plain step because drafting did not pay (`DraftSwitch`)
+    )
     time_draft: float = 0.0
     time_verify: float = 0.0
     time_other: float = 0.0
@@ -75,6 +78,7 @@ class SpecStats:
             "draft_tokens": self.draft_tokens,
             "accepted_tokens": self.accepted_tokens,
             "draft_utilization": self.draft_utilization,
+            "plain_rounds": self.plain_rounds,
             "time_prefill": self.time_prefill,
             "time_draft": self.time_draft,
             "time_verify": self.time_verify,

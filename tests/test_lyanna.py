@@ -268,3 +268,30 @@ def test_padded_batch_verified_together_equals_generate(trained, resample):
     dec = SpeculativeDecoder(LyannaDrafter(cfg, model, head=head))
     assert torch.equal(model.generate(ids, **kwargs, custom_generate=dec), model.generate(ids, **kwargs))
     assert dec.last_stats.accepted_tokens > 0
+
+
+def test_plain_steps_drop_the_resampled_subtree(trained, monkeypatch):
+    """A batch that alternates drafted rounds and plain steps (`DraftSwitch`): a plain step verifies nothing of
+    the last chain, so the re-sampled subtree built from it is dropped; the output is unchanged."""
+    import hf_spec.decoder
+    from tests.test_draft_switch import Alternating
+    from tests.test_rows import PAD, batch_of_three
+
+    monkeypatch.setattr(hf_spec.decoder, "DraftSwitch", Alternating)
+    model, head, _, _ = trained
+    ids, mask = batch_of_three()
+    kwargs = dict(attention_mask=mask, max_new_tokens=30, do_sample=False, pad_token_id=PAD)
+    drafter = LyannaDrafter(LyannaConfig(depth=5, topk=3, budget=10, resample="fused"), model, head=head)
+    dropped = []
+    skip = LyannaDrafter.skip_round
+
+    def spy(self):
+        dropped.append(self.resampled is not None)
+        skip(self)
+        assert self.resampled is None and self.chain_logits is None
+
+    monkeypatch.setattr(LyannaDrafter, "skip_round", spy)
+    dec = SpeculativeDecoder(drafter)
+    assert torch.equal(model.generate(ids, **kwargs, custom_generate=dec), model.generate(ids, **kwargs))
+    assert dec.last_stats.plain_rounds > 0 and dec.last_stats.accepted_tokens > 0
+    assert any(dropped)

@@ -136,6 +136,10 @@ class Drafter(ABC):
                 output_hidden_states=output_hidden_states,
             )
 
+    def skip_round(self) -> None:  # noqa: B027 - optional hook
+        """No tree of this drafter is verified this round (a batch took a plain step); `observe` follows as
+        usual. A drafter that keeps something from its last proposal for the next one drops it here."""
+
     def observe(self, state: SpecState, result: RoundResult) -> None:  # noqa: B027 - optional hook
         """See what was verified; `state` already holds the new tokens."""
 

@@ -80,6 +80,9 @@ class LyannaDrafter(HeadDrafter):
             self.resampled = prune(tree, self.config.resample_budget)
             self.resample_count += 1
 
+    def skip_round(self) -> None:
+        self.chain_logits, self.resampled = None, None  # nothing of the last chain is verified this round
+
     def end(self, state: SpecState) -> None:
         super().end(state)
         self.chain_logits, self.resampled = None, None
