@@ -23,35 +23,38 @@ def run(switch: DraftSwitch, rounds: int, drafted_rate: float, plain_rate: float
 
 
 def test_warmup_then_one_plain_step_then_the_faster_kind():
-    switch = DraftSwitch(warmup=3, probe_every=5)
-    decisions = run(switch, 30, drafted_rate=10, plain_rate=4)
+    switch = DraftSwitch(warmup=3, probe_every=4)
+    decisions = run(switch, 30, drafted_rate=10, plain_rate=5)
     assert decisions[:5] == [True, True, True, True, False]  # 1 uncounted + 3 measured drafted, 1 plain
-    assert decisions[5:] == ([True] * 5 + [False]) * 4 + [True]  # the losing kind re-tried every 6th round
+    # plain steps are 2x slower: tried again after 4 * 2 drafted rounds
+    assert decisions[5:] == ([True] * 8 + [False]) * 2 + [True] * 7
     assert switch.drafting_pays is True
+    assert switch.rate(True) == 10 and switch.rate(False) == 5
 
 
 def test_plain_steps_win_when_drafting_is_slower():
     switch = DraftSwitch(warmup=2, probe_every=4)
-    decisions = run(switch, 20, drafted_rate=3, plain_rate=5)
+    decisions = run(switch, 20, drafted_rate=4, plain_rate=5)
     assert decisions[:4] == [True, True, True, False]
-    assert decisions[4:] == ([False] * 4 + [True]) * 3 + [False]
+    assert decisions[4:] == ([False] * 5 + [True]) * 2 + [False] * 4  # 4 * 5/4 rounds between tries
     assert switch.drafting_pays is False
 
 
 def test_the_choice_follows_a_change_in_rates():
-    switch = DraftSwitch(warmup=1, probe_every=3, smoothing=0.5)
+    switch = DraftSwitch(warmup=1, probe_every=2)
     run(switch, 10, drafted_rate=10, plain_rate=5)
     assert switch.drafting_pays
-    run(switch, 40, drafted_rate=2, plain_rate=5)  # e.g. acceptance fell: probes see it, the choice flips
+    run(switch, 60, drafted_rate=2, plain_rate=5)  # e.g. acceptance fell: the tries see it, the choice flips
     assert switch.drafting_pays is False
 
 
 def test_the_first_drafted_round_is_not_counted():
     switch = DraftSwitch()
     switch.record(True, tokens=1, seconds=100.0)  # the prompt fed to the draft heads
-    assert switch.rate == {}
+    assert switch.totals == {}
     switch.record(True, tokens=4, seconds=1.0)
-    assert switch.rate == {True: 4.0}
+    switch.record(True, tokens=2, seconds=1.0)
+    assert switch.rate(True) == 3.0 and switch.drafting_pays is None
 
 
 class Alternating(DraftSwitch):
