@@ -32,7 +32,8 @@ def sampled_marginals_pvalues(
     target, decoder_factory, loop: str = "hf-spec", n: int = 1000, seed: int = 2024
 ):
     """Sample `n` continuations of a fixed prompt through `decoder_factory()` in hf-spec's loop, in batches of 50
-    copies verified together (`loop="batched"`) or in transformers' assisted loop; return (per-position chi-square p-values against the exact marginals, accepted draft tokens)."""
+    copies verified together (`loop="batched"`; `"batched-auto"`: with `batches="auto"`, whose `DraftSwitch` may
+    take plain steps) or in transformers' assisted loop; return (per-position chi-square p-values against the exact marginals, accepted draft tokens)."""
     from tests.test_sampling import NEW, TEMP, TOP_P, exact_marginals
 
     prompt = torch.tensor([[1, 5, 7, 3, 9]])
@@ -47,9 +48,9 @@ def sampled_marginals_pvalues(
         from hf_spec.integrations import enable_assistant
 
         handle = enable_assistant(target, loop="transformers")
-    copies = 50 if loop == "batched" else 1
-    if loop == "batched":
-        decoder.batches = "batched"
+    copies = 50 if loop.startswith("batched") else 1
+    if loop.startswith("batched"):
+        decoder.batches = "auto" if loop == "batched-auto" else "batched"
     try:
         for _ in range(n // copies):
             if loop == "transformers":

@@ -93,6 +93,22 @@ def test_loop_sampling_matches_plain_sampling(width, loop):
     assert min(pvalues) > 1e-3, pvalues
 
 
+def test_batch_sampling_with_plain_steps_between_drafted_rounds(monkeypatch):
+    """`batches="auto"` may take a plain step in any round (`DraftSwitch`): alternating drafted rounds and plain
+    steps, 50 copies a call, the per-position marginals stay those of plain sampling."""
+    import hf_spec.decoder
+    from tests.test_draft_switch import Alternating
+
+    monkeypatch.setattr(hf_spec.decoder, "DraftSwitch", Alternating)
+    target = make_tiny_model("llama", seed=11, vocab_size=V, layers=2, temperature=2.0)
+    draft = make_tiny_model("llama", seed=12, vocab_size=V, layers=1, temperature=2.0)
+    decoder = SpeculativeDecoder(SampledTreeDrafter(target, draft, 2))
+    pvalues, accepted = sampled_marginals_pvalues(target, lambda: decoder, "batched-auto", n=1500, seed=7)
+    assert accepted > 1500 * 0.15  # drafted rounds happen (and get accepted) between the plain steps
+    assert decoder.last_stats.plain_rounds > 0
+    assert min(pvalues) > 1e-3, pvalues
+
+
 def test_enumeration_helper_sums_to_one():
     target = make_tiny_model("llama", seed=11, vocab_size=V, layers=2, temperature=2.0)
     for marg in exact_marginals(target, torch.tensor([[1, 5, 7]])):
