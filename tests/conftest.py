@@ -17,8 +17,9 @@ FIXTURES = Path(__file__).parent / "fixtures"
 STORIES = FIXTURES / "stories260K"
 
 
-def tiny_config(arch: str, vocab_size: int = 96, layers: int = 4):
-    common = dict(
+def tiny_fields(vocab_size: int = 96, layers: int = 4) -> dict:
+    """Config fields of a tiny random model, shared by every architecture the tests build."""
+    return dict(
         vocab_size=vocab_size,
         hidden_size=32,
         intermediate_size=64,
@@ -31,6 +32,10 @@ def tiny_config(arch: str, vocab_size: int = 96, layers: int = 4):
         pad_token_id=0,
         tie_word_embeddings=False,
     )
+
+
+def tiny_config(arch: str, vocab_size: int = 96, layers: int = 4):
+    common = tiny_fields(vocab_size, layers)
     return LlamaConfig(**common) if arch == "llama" else Qwen2Config(**common)
 
 

@@ -15,22 +15,10 @@ from hf_spec.config import MethodConfig
 from hf_spec.methods.base import Drafter, SpecState
 from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
 from hf_spec.verify.windows import attention_windows, sequence_mask, target_cache, windowed_mask
-from tests.conftest import assert_equal_up_to_ties, prompt_ids
+from tests.conftest import assert_equal_up_to_ties, prompt_ids, tiny_fields
 
 V, WINDOW = 96, 8
-COMMON = dict(
-    vocab_size=V,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=512,
-    bos_token_id=1,
-    eos_token_id=2,
-    pad_token_id=0,
-    tie_word_embeddings=False,
-)
+COMMON = tiny_fields(V, layers=4)
 GPT = dict(n_embd=32, n_layer=4, n_head=4, n_positions=512)
 # name -> (config class, extra fields, attention implementation)
 ARCHITECTURES = {
