@@ -29,7 +29,7 @@ from hf_spec.kernels.screened_head import screened_lm_head, screening_applies
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
 from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
 from hf_spec.verify.acceptance import Acceptance, accept_greedy, accept_sampling
-from hf_spec.verify.cache import cache_length, compact_cache
+from hf_spec.verify.cache import cache_length, check_rewindable, compact_cache
 from hf_spec.verify.windows import attention_windows, rewindable_cache, sequence_mask
 
 
@@ -164,6 +164,7 @@ def speculative_generate(
     if cache is None:
         raise ValueError("hf-spec needs a KV cache from `generate` (use_cache=True)")
     cache = rewindable_cache(model, cache)
+    check_rewindable(cache)  # before the prefill, not at the first round's rewind
     stats = stats if stats is not None else SpecStats()
     want_hidden = drafter.requires_hidden_states
     do_sample = bool(generation_config.do_sample)

@@ -199,3 +199,20 @@ def test_unsupported_layer_types_are_named():
     model.config.attention_chunk_size = 4
     with pytest.raises(ValueError, match="chunked_attention"):
         model.generate(long_prompt(), max_new_tokens=4, custom_generate=SpeculativeDecoder("pld"))
+
+
+def test_a_static_cache_is_refused_before_the_prefill():
+    model = build("mistral")
+    calls = []
+    handle = model.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        with pytest.raises(TypeError, match="cache_implementation"):
+            model.generate(
+                long_prompt(),
+                max_new_tokens=4,
+                cache_implementation="static",
+                custom_generate=SpeculativeDecoder("pld"),
+            )
+    finally:
+        handle.remove()
+    assert not calls

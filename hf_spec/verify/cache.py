@@ -14,10 +14,15 @@ def _layers(cache: Cache):
         if type(layer).__name__ != "DynamicLayer":
             raise TypeError(
                 f"hf-spec can only rewind full-attention dynamic cache layers; got {type(layer).__name__} "
-                "(pass no cache or an empty one: hf-spec builds its own for sliding-window models; static and "
-                "quantized caches are not supported)"
+                "(drop `cache_implementation` and pass no cache or an empty DynamicCache: hf-spec builds one with "
+                "full layers for sliding-window models; static, offloaded and quantized caches are not supported)"
             )
     return layers
+
+
+def check_rewindable(cache: Cache) -> None:
+    """Raise `TypeError` naming the first cache layer hf-spec cannot crop and reorder."""
+    _layers(cache)
 
 
 def cache_length(cache: Cache, layer: int = 0) -> int:
