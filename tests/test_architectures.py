@@ -216,3 +216,27 @@ def test_a_static_cache_is_refused_before_the_prefill():
     finally:
         handle.remove()
     assert not calls
+
+
+def test_a_peft_lora_model_generates_through_hf_spec():
+    """`PeftModel.generate` hands `custom_generate` to the base model, whose layers now carry LoRA adapters (and
+    hf-spec's kernels run their inner `nn.Linear`s): output equal to the adapted model's own greedy `generate`."""
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(
+        build("mistral"),
+        peft.LoraConfig(
+            r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False
+        ),
+    ).eval()
+    ids = long_prompt()
+    ref = model.generate(input_ids=ids, max_new_tokens=30, do_sample=False, eos_token_id=None)
+    with model.disable_adapter():
+        assert not torch.equal(
+            model.generate(input_ids=ids, max_new_tokens=30, do_sample=False, eos_token_id=None), ref
+        )
+    for drafter in ("pld", "early-exit:2", GreedyTreeDrafter(model.get_base_model())):
+        dec = SpeculativeDecoder(drafter)
+        out = model.generate(
+            input_ids=ids, max_new_tokens=30, do_sample=False, eos_token_id=None, custom_generate=dec
+        )
+        assert_equal_up_to_ties(model.get_base_model(), ids, out, ref)
