@@ -13,6 +13,7 @@ from transformers import DynamicCache
 from hf_spec import SpeculativeDecoder
 from hf_spec.config import MethodConfig
 from hf_spec.methods.base import Drafter, SpecState
+from hf_spec.methods.hispec.config import HiSpecConfig
 from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
 from hf_spec.verify.windows import attention_windows, sequence_mask, target_cache, windowed_mask
 from tests.conftest import assert_equal_up_to_ties, prompt_ids, tiny_fields
@@ -176,10 +177,36 @@ def test_the_cache_is_full_attention_for_sliding_models():
     assert cache.layers[0].keys.shape[-2] == long_prompt().shape[1]  # nothing dropped
 
 
-def test_layer_wise_methods_refuse_sliding_windows():
+def test_layer_wise_methods_refuse_sequences_past_the_window():
     model = build("mistral-window")
-    with pytest.raises(ValueError, match="sliding-window attention"):
+    with pytest.raises(
+        ValueError, match="only within the window: this sequence may reach 22 tokens, the window is 8"
+    ):
         model.generate(long_prompt(), max_new_tokens=4, custom_generate=SpeculativeDecoder("early-exit:2"))
+    hispec = HiSpecConfig(draft_layer=1, verify_layer=2)
+    with pytest.raises(ValueError, match="hispec support sliding-window attention only within the window"):
+        model.generate(long_prompt(), max_new_tokens=4, custom_generate=SpeculativeDecoder(hispec))
+
+
+@pytest.mark.parametrize("name", ["mistral-window", "gemma3-window"])
+def test_layer_wise_methods_within_the_window(name):
+    """Early exit and HiSpec run the stock layers with masks that carry no window: exact while the whole sequence
+    fits in it (18 + 30 tokens, window 64)."""
+    model = build(name)
+    for config in (model.config, getattr(model.config, "text_config", model.config)):
+        config.sliding_window = 64
+    model.__dict__.pop("_hf_spec_windows", None)
+    ids = long_prompt()
+    ref = model.generate(ids, max_new_tokens=30, do_sample=False, eos_token_id=None)
+    for method in ("early-exit:2", HiSpecConfig(draft_layer=1, verify_layer=2)):
+        out = model.generate(
+            ids,
+            max_new_tokens=30,
+            do_sample=False,
+            eos_token_id=None,
+            custom_generate=SpeculativeDecoder(method),
+        )
+        assert_equal_up_to_ties(model, ids, out, ref)
 
 
 def test_a_filled_sliding_cache_is_refused():
@@ -240,3 +267,23 @@ def test_a_peft_lora_model_generates_through_hf_spec():
             input_ids=ids, max_new_tokens=30, do_sample=False, eos_token_id=None, custom_generate=dec
         )
         assert_equal_up_to_ties(model.get_base_model(), ids, out, ref)
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_early_exit_equals_generate_or_names_what_it_needs(name):
+    """Layer-wise drafting runs the model's own layers: exact on the Llama-family layout, a clear error elsewhere."""
+    from hf_spec.models.layers import decoder_parts
+
+    model = build(name)
+    ids = long_prompt()
+    try:
+        decoder_parts(model)
+    except ValueError as err:
+        assert "Llama-family layout" in str(err)
+        with pytest.raises(ValueError, match="Llama-family layout"):
+            model.generate(ids, max_new_tokens=4, custom_generate=SpeculativeDecoder("early-exit:2"))
+        return
+    ref = model.generate(ids, max_new_tokens=30, do_sample=False, eos_token_id=None)
+    dec = SpeculativeDecoder("early-exit:2")
+    out = model.generate(ids, max_new_tokens=30, do_sample=False, eos_token_id=None, custom_generate=dec)
+    assert_equal_up_to_ties(model, ids, out, ref)

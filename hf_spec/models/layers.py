@@ -4,6 +4,7 @@ forking its modeling file. Works for the Llama family layout (Llama, Qwen2, Mist
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,19 @@ class DecoderParts:
     norm: nn.Module
     rotary_emb: nn.Module
     lm_head: nn.Module
+    window: int | None = None  # the smallest sliding window of the model's layers
+    layer_types: list[str] | None = None  # when the rotary embedding depends on the layer type (Gemma 3)
+
+    def check_window(self, length: int, what: str = "layer-wise methods") -> None:
+        """Raise unless a sequence of `length` tokens fits every sliding window: `run_layers` runs the stock layers
+        with hf-spec's own masks, which carry no window, so a sliding layer is exact only while nothing has slid
+        out of it."""
+        if self.window is not None and length > self.window:
+            raise ValueError(
+                f"{what} support sliding-window attention only within the window: this sequence may reach {length} "
+                f"tokens, the window is {self.window} (lower max_new_tokens, or use a method that does not run "
+                "the target layer by layer: pld, retrieval, eagle, lyanna)"
+            )
 
     @property
     def num_layers(self) -> int:
@@ -34,13 +48,14 @@ def decoder_parts(model: PreTrainedModel) -> DecoderParts:
             f"{type(model).__name__} does not have the Llama-family layout (model.model.embed_tokens/layers/norm/"
             "rotary_emb, model.lm_head) that layer-wise methods need"
         )
-    windows = {w for w in attention_windows(model) if w is not None}
-    if windows:
-        raise ValueError(
-            f"{type(model).__name__} has sliding-window attention (window {min(windows)}); layer-wise methods "
-            "(early exit, HiSpec, exit-layer drafting) support full attention only"
-        )
-    return DecoderParts(base.embed_tokens, base.layers, base.norm, base.rotary_emb, model.lm_head)
+    windows = [w for w in attention_windows(model) if w is not None]
+    window = min(windows) if windows else None
+    layer_types = None
+    if "layer_type" in inspect.signature(base.rotary_emb.forward).parameters:
+        layer_types = list(model.config.get_text_config(decoder=True).layer_types)
+    return DecoderParts(
+        base.embed_tokens, base.layers, base.norm, base.rotary_emb, model.lm_head, window, layer_types
+    )
 
 
 def run_layers(
@@ -57,12 +72,18 @@ def run_layers(
     `q_len == 1` (the new token sees the whole cache)."""
     if attention_mask is None and hidden_states.shape[1] > 1:
         raise ValueError("run_layers needs an explicit 4D mask for more than one query token")
-    position_embeddings = parts.rotary_emb(hidden_states, position_ids=position_ids)
-    for layer in parts.layers[start:end]:
+    if parts.window is not None:
+        parts.check_window(int(position_ids.max()) + 1)
+    kinds = parts.layer_types or [None] * parts.num_layers
+    embeddings = {}  # per layer type where the rotary embedding has several (one entry otherwise)
+    for kind in set(kinds[start:end]):
+        extra = {} if kind is None else {"layer_type": kind}
+        embeddings[kind] = parts.rotary_emb(hidden_states, position_ids=position_ids, **extra)
+    for kind, layer in zip(kinds[start:end], parts.layers[start:end], strict=True):
         hidden_states = layer(
             hidden_states,
             attention_mask=attention_mask,
-            position_embeddings=position_embeddings,
+            position_embeddings=embeddings[kind],
             position_ids=position_ids,
             past_key_values=cache,
             use_cache=cache is not None,

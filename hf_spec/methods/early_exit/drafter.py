@@ -29,6 +29,9 @@ class EarlyExitDrafter(Drafter, StepwiseDrafter):
         self.exits = load_exit_lm(model, config.exit_heads or None, config.draft_vocab)
         self.exits.check_layers(self.exit_layer)
 
+    def begin(self, state: SpecState) -> None:
+        self.parts.check_window(state.generation_config.max_length, "early exit")
+
     @torch.no_grad()
     def propose(self, state: SpecState, max_depth: int) -> DraftTree:
         cfg, parts = self.config, self.parts

@@ -96,6 +96,7 @@ class HiSpecDrafter(Drafter):
                 "hispec continues the target's forward from its intermediate layer, so it runs in hf-spec's loop "
                 "only (custom_generate= or SpeculativeDecoder), not as transformers' assistant_model"
             )
+        self.parts.check_window(state.generation_config.max_length, "hispec")
         self.counts = Counter()
         self._round = None
 

@@ -99,6 +99,7 @@ class TalonDrafter(Drafter):
     # ---- lifecycle ---------------------------------------------------------------------------------
     def begin(self, state: SpecState) -> None:
         if self.chain is not None:
+            self.chain.parts.check_window(state.generation_config.max_length, "talon's exit-layer drafter")
             self.chain.begin(state.cache, state.input_ids[0].tolist())
         if self.sub is not None:
             self.sub.begin(state)
