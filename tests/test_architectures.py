@@ -41,6 +41,15 @@ ARCHITECTURES = {
         "sdpa",
     ),
 }
+# models whose forward scales embeddings, residuals or logits outside the modules layer-wise methods run
+MULTIPLIERS = {
+    "granite": (T.GraniteConfig, {"embedding_multiplier": 3.0, "logits_scaling": 4.0}, "sdpa"),
+    "gemma2-softcap": (
+        T.Gemma2Config,
+        {"head_dim": 8, "sliding_window": 512, "final_logit_softcapping": 5.0},
+        "eager",
+    ),
+}
 SLIDING = {
     "mistral-window": (T.MistralConfig, {"sliding_window": WINDOW}, "sdpa"),  # every layer slides
     "gemma3-window": (
@@ -58,7 +67,7 @@ SLIDING = {
 
 
 def build(name: str):
-    cls, extra, attention = {**ARCHITECTURES, **SLIDING}[name]
+    cls, extra, attention = {**ARCHITECTURES, **SLIDING, **MULTIPLIERS}[name]
     torch.manual_seed(0)
     model = T.AutoModelForCausalLM.from_config(cls(**{**COMMON, **extra}), attn_implementation=attention)
     with torch.no_grad():
@@ -285,5 +294,29 @@ def test_early_exit_equals_generate_or_names_what_it_needs(name):
         return
     ref = model.generate(ids, max_new_tokens=30, do_sample=False, eos_token_id=None)
     dec = SpeculativeDecoder("early-exit:2")
+    out = model.generate(ids, max_new_tokens=30, do_sample=False, eos_token_id=None, custom_generate=dec)
+    assert_equal_up_to_ties(model, ids, out, ref)
+
+
+@pytest.mark.parametrize("name", sorted({**ARCHITECTURES, **MULTIPLIERS}))
+def test_hispec_equals_generate_or_refuses_a_model_it_cannot_run_exactly(name):
+    """HiSpec's last stage runs the model's layers itself and gives the target's logits: equal to `generate` where
+    that is the model's forward, refused where the forward scales embeddings or logits besides (Granite's
+    multipliers changed the greedy output before the check; Gemma 2's soft-capping and Cohere's logit scale would
+    change sampled output)."""
+    from hf_spec.models.layers import decoder_parts
+
+    model = build(name)
+    try:
+        decoder_parts(model)
+    except ValueError:
+        return  # not the Llama-family layout: test_early_exit_equals_generate_or_names_what_it_needs
+    ids = long_prompt()
+    dec = SpeculativeDecoder(HiSpecConfig(draft_layer=1, verify_layer=2))
+    if name in ("cohere", *MULTIPLIERS):
+        with pytest.raises(ValueError, match="its own forward computes something else"):
+            model.generate(ids, max_new_tokens=4, custom_generate=dec)
+        return
+    ref = model.generate(ids, max_new_tokens=30, do_sample=False, eos_token_id=None)
     out = model.generate(ids, max_new_tokens=30, do_sample=False, eos_token_id=None, custom_generate=dec)
     assert_equal_up_to_ties(model, ids, out, ref)

@@ -91,3 +91,25 @@ def run_layers(
         if isinstance(hidden_states, tuple):  # older layer classes return a tuple
             hidden_states = hidden_states[0]
     return hidden_states
+
+
+@torch.no_grad()
+def check_layerwise_forward(model: PreTrainedModel, parts: DecoderParts, method: str) -> None:
+    """Raise unless the model's layers run one by one, then its final norm and LM head, give its own logits (four
+    tokens, up to float rounding). A method whose *target* logits come from `run_layers` (HiSpec's last stage)
+    would otherwise change the output of a model that scales its embeddings, residuals or logits outside those
+    modules (Granite's multipliers, Gemma 2's logit soft-capping, ...)."""
+    from hf_spec.tree.buffers import causal_mask
+
+    device = parts.embed_tokens.weight.device
+    ids = torch.arange(1, 5, device=device).view(1, -1) % parts.embed_tokens.weight.shape[0]
+    positions = torch.arange(ids.shape[1], device=device).view(1, -1)
+    mask = causal_mask(ids.shape[1], 0, model.dtype, device)
+    hidden = run_layers(parts, parts.embed_tokens(ids), positions, None, 0, parts.num_layers, mask)
+    mine = parts.lm_head(parts.norm(hidden)).float()
+    theirs = model(input_ids=ids, position_ids=positions).logits.float()
+    if (mine - theirs).abs().max() > 0.02 * theirs.abs().max() + 1e-4:
+        raise ValueError(
+            f"{method} runs {type(model).__name__} layer by layer, and its own forward computes something else "
+            "(embedding, residual or logit multipliers, logit soft-capping, ...): not supported for this model"
+        )

@@ -36,7 +36,7 @@ from hf_spec.heads.exits.model import load_exit_lm
 from hf_spec.kernels.skinny_linear import fast_linears
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
 from hf_spec.methods.hispec.config import HiSpecConfig
-from hf_spec.models.layers import decoder_parts, run_layers
+from hf_spec.models.layers import check_layerwise_forward, decoder_parts, run_layers
 from hf_spec.tree.buffers import DraftTree
 from hf_spec.verify.cache import cache_length, crop_cache
 
@@ -77,6 +77,7 @@ class HiSpecDrafter(Drafter):
     def __init__(self, config: HiSpecConfig, model, tokenizer=None) -> None:
         super().__init__(config, model, tokenizer)
         self.parts = decoder_parts(model)
+        check_layerwise_forward(model, self.parts, "hispec")  # its last stage gives the target's logits
         depth = self.parts.num_layers
         self.draft_layer = config.draft_layer or max(1, round(depth / 8))
         self.verify_layer = config.verify_layer or max(self.draft_layer + 1, round(depth / 4))
