@@ -30,6 +30,7 @@ from hf_spec.methods.base import Drafter, RoundResult, SpecState
 from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
 from hf_spec.verify.acceptance import Acceptance, accept_greedy, accept_sampling
 from hf_spec.verify.cache import cache_length, check_rewindable, compact_cache
+from hf_spec.verify.compat import check_tree_verification
 from hf_spec.verify.windows import attention_windows, rewindable_cache, sequence_mask
 
 
@@ -132,6 +133,7 @@ def check_supported(
     mask = model_kwargs.get("attention_mask")
     if mask is not None and not bool(mask.all()):
         raise ValueError("hf-spec does not support padded inputs: pass the unpadded prompt (batch size 1)")
+    check_tree_verification(model)  # once per model: a small tree against plain forwards
 
 
 def speculative_generate(
@@ -159,12 +161,12 @@ def speculative_generate(
         `torch.LongTensor` of shape `(1, total_length)`, or `SpecDecodeOutput` with
         `return_dict_in_generate=True`.
     """
-    check_supported(model, input_ids, generation_config, model_kwargs)
     cache = model_kwargs.get("past_key_values")
     if cache is None:
         raise ValueError("hf-spec needs a KV cache from `generate` (use_cache=True)")
     cache = rewindable_cache(model, cache)
-    check_rewindable(cache)  # before the prefill, not at the first round's rewind
+    check_rewindable(cache)  # before any forward, not at the first round's rewind
+    check_supported(model, input_ids, generation_config, model_kwargs)
     stats = stats if stats is not None else SpecStats()
     want_hidden = drafter.requires_hidden_states
     do_sample = bool(generation_config.do_sample)

@@ -23,6 +23,7 @@ COMMON = tiny_fields(V, layers=4)
 GPT = dict(n_embd=32, n_layer=4, n_head=4, n_positions=512)
 # name -> (config class, extra fields, attention implementation)
 ARCHITECTURES = {
+    "llama": (T.LlamaConfig, {}, "sdpa"),
     "mistral": (T.MistralConfig, {"sliding_window": None}, "sdpa"),
     "phi3": (T.Phi3Config, {}, "sdpa"),
     "phi": (T.PhiConfig, {}, "sdpa"),
@@ -322,3 +323,30 @@ def test_hispec_equals_generate_or_refuses_a_model_it_cannot_run_exactly(name):
     ref = model.generate(ids, max_new_tokens=30, do_sample=False, eos_token_id=None)
     out = model.generate(ids, max_new_tokens=30, do_sample=False, eos_token_id=None, custom_generate=dec)
     assert_equal_up_to_ties(model, ids, out, ref)
+
+
+@pytest.mark.parametrize(
+    ("cls", "extra"),
+    [
+        (T.BloomConfig, {"n_layer": 4, "n_head": 4}),
+        (T.FalconConfig, {"alibi": True, "new_decoder_architecture": False, "multi_query": True}),
+    ],
+)
+def test_alibi_models_are_refused_by_name(cls, extra):
+    torch.manual_seed(0)
+    model = T.AutoModelForCausalLM.from_config(cls(**{**COMMON, **extra}), attn_implementation="eager").eval()
+    with pytest.raises(ValueError, match="does not verify token trees.*ALiBi"):
+        model.generate(long_prompt(), max_new_tokens=4, custom_generate=SpeculativeDecoder("pld"))
+
+
+def test_the_tree_check_catches_a_model_that_misreads_its_masks(monkeypatch):
+    """The self-check behind every generation: Falcon given grouped attention (as before this was scoped to models
+    with `_supports_attention_backend`) adds a boolean mask to its scores; the check sees it on four tokens."""
+    from hf_spec.verify.compat import check_tree_verification
+
+    good = build("llama")
+    check_tree_verification(good)
+    assert good.__dict__["_hf_spec_tree_check"][1] is None  # passed, and kept
+    monkeypatch.setattr(T.FalconForCausalLM, "_supports_attention_backend", True)
+    with pytest.raises(ValueError, match="differs from a plain forward"):
+        check_tree_verification(build("falcon"))

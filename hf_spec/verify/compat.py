@@ -1,0 +1,82 @@
+"""Whether a model gives a token tree's logits when called the way hf-spec calls it.
+
+hf-spec never forks a modeling file: it calls the stock model with explicit `position_ids`, a 4D mask and its
+cache. Most architectures honour all three; some build positions or attention biases from a 2D padding mask
+(ALiBi in Bloom and Falcon's `alibi` variant) or test `_attn_implementation` themselves. Rather than list them,
+`check_tree_verification` runs a small tree through the model once, as the loop would, and compares every row
+with plain forwards of the same paths; a model that fails is refused by name instead of decoding wrongly.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel
+
+from hf_spec.kernels.grouped_attention import grouped_attention
+from hf_spec.kernels.skinny_linear import fast_linears
+from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
+from hf_spec.verify.cache import crop_cache
+from hf_spec.verify.windows import sequence_mask, target_cache
+
+# of the logits' range; a tree forward and a plain one round differently (bfloat16: up to ~4% on SmolLM2)
+TOLERANCE = {torch.float32: 0.02, torch.float64: 0.02}
+LOW_PRECISION_TOLERANCE = 0.08
+
+
+def _failure(model: PreTrainedModel) -> str | None:
+    """`None` if, after a 3-token prefix, a chain `[root, b]` and a tree `[root, a, b, c]` (`a` and `b` siblings,
+    `c` under `b`) give the logits of one plain forward of `prefix + [root, b, c]`; else what went wrong."""
+    embeddings = model.get_input_embeddings().weight
+    vocab, device = embeddings.shape[0], embeddings.device
+    prefix, (root, a, b, c) = [1, 2, 3], [t % vocab for t in (4, 5, 6, 7)]
+    tolerance = TOLERANCE.get(model.dtype, LOW_PRECISION_TOLERANCE)
+    with torch.no_grad(), fast_linears(model), grouped_attention(model):
+        want = model(input_ids=torch.tensor([[*prefix, root, b, c]], device=device)).logits[0, 3:].float()
+        scale = float(want.abs().max()) + 1e-6
+        cache = target_cache(model)
+        model(input_ids=torch.tensor([prefix], device=device), past_key_values=cache, use_cache=True)
+        for kind, tree, rows in (
+            ("chain", DraftTree.chain([b]), [0, 1]),
+            ("tree", DraftTree([a, b, c], [-1, -1, 1]), [0, 2, 3]),
+        ):
+            crop_cache(cache, len(prefix))
+            positions = tree_position_ids(tree, len(prefix), device)
+            mask = None if tree.is_chain else tree_attention_mask(tree, len(prefix), model.dtype, device)
+            got = (
+                model(
+                    input_ids=torch.tensor([[root, *tree.tokens.tolist()]], device=device),
+                    position_ids=positions,
+                    attention_mask=sequence_mask(model, mask, positions),
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+                .logits[0, rows]
+                .float()
+            )
+            gap = float((got - want[: len(rows)]).abs().max())
+            if gap > tolerance * scale:
+                return f"a {kind} verified with position_ids and a cache differs from a plain forward by {gap:.3g}"
+    return None
+
+
+def check_tree_verification(model: PreTrainedModel) -> None:
+    """Raise `ValueError` where the model cannot verify trees as hf-spec drives it (checked once per model and
+    attention implementation, in eval mode)."""
+    key = getattr(model.config, "_attn_implementation", None)
+    cached = model.__dict__.get("_hf_spec_tree_check")
+    if cached is None or cached[0] != key:
+        training = model.training
+        model.eval()
+        try:
+            failure = _failure(model)
+        except Exception as err:  # noqa: BLE001 - any failure of the probe means the same thing to the user
+            failure = f"{type(err).__name__}: {err}"
+        finally:
+            model.train(training)
+        cached = model.__dict__["_hf_spec_tree_check"] = (key, failure)
+    failure = cached[1]
+    if failure is not None:
+        raise ValueError(
+            f"{type(model).__name__} does not verify token trees when called with a 4D mask, position_ids and a "
+            f"KV cache ({failure}); position schemes built from a 2D padding mask (ALiBi) are not supported"
+        )
