@@ -350,3 +350,12 @@ def test_the_tree_check_catches_a_model_that_misreads_its_masks(monkeypatch):
     monkeypatch.setattr(T.FalconForCausalLM, "_supports_attention_backend", True)
     with pytest.raises(ValueError, match="differs from a plain forward"):
         check_tree_verification(build("falcon"))
+
+
+def test_the_tree_check_can_be_skipped(monkeypatch):
+    from hf_spec.verify.compat import check_tree_verification
+
+    monkeypatch.setenv("HF_SPEC_TREE_CHECK", "0")
+    model = build("llama")
+    check_tree_verification(model)
+    assert "_hf_spec_tree_check" not in model.__dict__

@@ -9,6 +9,8 @@ with plain forwards of the same paths; a model that fails is refused by name ins
 
 from __future__ import annotations
 
+import os
+
 import torch
 from transformers import PreTrainedModel
 
@@ -61,7 +63,10 @@ def _failure(model: PreTrainedModel) -> str | None:
 
 def check_tree_verification(model: PreTrainedModel) -> None:
     """Raise `ValueError` where the model cannot verify trees as hf-spec drives it (checked once per model and
-    attention implementation, in eval mode)."""
+    attention implementation, in eval mode; `HF_SPEC_TREE_CHECK=0` skips it, e.g. for a large model on a CPU, where
+    its four short forwards take seconds)."""
+    if os.environ.get("HF_SPEC_TREE_CHECK", "").strip().lower() in ("0", "false", "no"):
+        return
     key = getattr(model.config, "_attn_implementation", None)
     cached = model.__dict__.get("_hf_spec_tree_check")
     if cached is None or cached[0] != key:
