@@ -359,3 +359,35 @@ def test_the_tree_check_can_be_skipped(monkeypatch):
     model = build("llama")
     check_tree_verification(model)
     assert "_hf_spec_tree_check" not in model.__dict__
+
+
+def test_support_report_names_what_each_model_can_run():
+    from hf_spec.models.support import support_report
+
+    llama = support_report(build("llama"))
+    assert llama["tree verification"].startswith("yes") and llama["hispec"] == "yes"
+    gpt2 = support_report(build("gpt2"))
+    assert gpt2["pld, retrieval, draft-model, talon (retrieval part)"] == "yes"
+    assert gpt2["early-exit, postuse around it, talon's exit drafter"].startswith(
+        "no: GPT2LMHeadModel does not have"
+    )
+    window = support_report(build("mistral-window"))
+    assert window["attention"].startswith("sliding window 8 on 4 of 4 layers")
+    assert window["hispec"] == "yes (sequences up to 8 tokens: the sliding window)"
+    assert support_report(build("granite"))["hispec"].startswith("no: hispec runs GraniteForCausalLM")
+    torch.manual_seed(0)
+    bloom = T.AutoModelForCausalLM.from_config(
+        T.BloomConfig(**{**COMMON, "n_layer": 4, "n_head": 4}), attn_implementation="eager"
+    ).eval()
+    report = support_report(bloom)
+    assert report["tree verification"].startswith("no: BloomForCausalLM does not verify token trees")
+    assert len(report) == 2  # nothing else is claimed
+
+
+def test_check_command(capsys):
+    from hf_spec.cli.main import main
+    from tests.conftest import STORIES
+
+    assert main(["check", "--target", str(STORIES)]) == 0
+    out = capsys.readouterr().out
+    assert "LlamaForCausalLM (llama)" in out and "tree verification" in out and "hispec" in out
