@@ -42,9 +42,7 @@ class SpecStats:
     target_forwards: int = 0
     draft_tokens: int = 0  # proposed nodes, summed over rounds
     accepted_tokens: int = 0  # accepted draft nodes
-    plain_rounds: int = (
-        0  # rounds of a batch that took a plain step because drafting did not pay (`DraftSwitch`)
-    )
+    plain_rounds: int = 0  # batch rounds that took a plain step: drafting did not pay (`DraftSwitch`)
     time_draft: float = 0.0
     time_verify: float = 0.0
     time_other: float = 0.0
