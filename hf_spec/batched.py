@@ -32,7 +32,7 @@ from hf_spec.methods.base import Drafter, RoundResult, SpecState
 from hf_spec.rows import batch_output, row_inputs
 from hf_spec.tree.buffers import DraftTree
 from hf_spec.verify.cache import _layers
-from hf_spec.verify.windows import target_cache, windowed_mask
+from hf_spec.verify.windows import has_sliding_layers, target_cache, windowed_mask
 
 
 @dataclass
@@ -156,6 +156,7 @@ def batched_generate(
     # prefill every row but its last token (its first root); pad slots are invalid for good
     t0 = time.perf_counter()
     cache = target_cache(model)
+    sliding = has_sliding_layers(model)
     valid = torch.ones(batch, length - 1, dtype=torch.bool)
     for r, n_pad in enumerate(pads):
         valid[r, :n_pad] = False
@@ -212,10 +213,9 @@ def batched_generate(
                 block[i, 1 : 1 + len(tree)] = tree.tokens
                 depth = torch.cat([torch.zeros(1, dtype=torch.long), tree.depth.long()])
                 pos[i, : len(tree) + 1] = depth + int(valid[i].sum())
-            slot_positions = torch.cat([valid.long().cumsum(1) - 1, pos], dim=1)
-            mask = windowed_mask(
-                model, block_mask(valid, trees, width, dtype).to(device), pos, slot_positions
-            )
+            mask = block_mask(valid, trees, width, dtype).to(device)
+            if sliding:  # each cache slot's position: its row's count of valid slots up to it
+                mask = windowed_mask(model, mask, pos, torch.cat([valid.long().cumsum(1) - 1, pos], dim=1))
             with fast_linears(model), screened_lm_head(model, enabled=screen), grouped_attention(model):
                 out = model(
                     input_ids=block.to(device),
