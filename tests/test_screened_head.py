@@ -49,6 +49,72 @@ def test_int8_kernel_declines_what_it_cannot_take(kernel):
     assert csg.kernel_linear_int8(torch.randn(2, 15), q, scale) is None
 
 
+@pytest.fixture(params=["fp32-x", "int8-x"])
+def x_path(request, monkeypatch):
+    """The screen's two scorings: fp32 x against int8 weights, or (AVX512-VNNI, 3+ rows) int8 x too."""
+    if request.param == "fp32-x":
+        monkeypatch.setattr(csg, "has_vnni", lambda: False)
+    elif not csg.has_vnni():
+        pytest.skip("no AVX512-VNNI on this CPU: x is never quantized here")
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def vnni(kernel):
+    if not csg.has_vnni():
+        pytest.skip("no AVX512-VNNI on this CPU")
+
+
+@pytest.mark.parametrize("k", [16, 64, 65, 130, 1003])  # every tail of the 64-byte loop
+@pytest.mark.parametrize("n", [1, 7, 130])  # tiles of 1..4 rows of q
+def test_u8s8_kernel_is_exact(vnni, k, n):
+    """Integer products summed exactly, then one rounding each for the int32 -> fp32, scale products."""
+    g = torch.Generator().manual_seed(k + n)
+    q = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+    scale = torch.rand(n, generator=g) + 0.5
+    for m in (1, 2, 5, 6, 7, 13, 32):
+        qx = torch.randint(-127, 128, (m, k), dtype=torch.int32, generator=g)
+        xs = torch.rand(m, generator=g) + 0.5
+        y = csg.kernel_linear_u8s8((qx + 128).to(torch.uint8), xs, q, q.int().sum(1).int(), scale)
+        ref = (qx.long() @ q.long().T).float() * (scale[None] * xs[:, None])
+        assert y is not None and torch.equal(y, ref)
+
+
+def test_u8s8_kernel_declines_what_it_cannot_take(vnni):
+    q = torch.randint(-127, 128, (8, 16), dtype=torch.int8)
+    qsum, scale, xs = q.int().sum(1).int(), torch.ones(8), torch.ones(2)
+    xu = torch.full((2, 16), 128, dtype=torch.uint8)
+    assert csg.kernel_linear_u8s8(xu, xs, q, qsum, scale) is not None
+    assert (
+        csg.kernel_linear_u8s8(torch.full((33, 16), 128, dtype=torch.uint8), torch.ones(33), q, qsum, scale)
+        is None
+    )
+    assert csg.kernel_linear_u8s8(xu.to(torch.int8), xs, q, qsum, scale) is None
+    assert csg.kernel_linear_u8s8(xu, xs, q, qsum.long(), scale) is None
+    assert csg.kernel_linear_u8s8(xu, torch.ones(3), q, qsum, scale) is None
+    assert csg.kernel_linear_u8s8(xu[:, :15].contiguous(), xs, q, qsum, scale) is None
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_error_bound_with_int8_x_holds_for_every_token(vnni, seed):
+    """|a_j - t_j| <= |x| c_j + err_q |s_j q_j| when x is quantized too, with outlier rows and channels."""
+    w, _, _ = _quantized(4099, 96, seed)
+    w[::97] *= 40
+    screen = Int8Screen.from_weight(w)
+    g = torch.Generator().manual_seed(100 + seed)
+    x = torch.randn(7, 96, generator=g) * 30
+    x[:, 3] = 400
+    x[2] *= 1e-3  # a small row: a small scale
+    xn = x.norm(dim=1) * (1 + 1e-4)
+    approx, err_w, err_q = screen._scores_int8_x(x, xn)
+    exact = x.double() @ w.double().T
+    bound = (
+        err_w.double()[:, None] * screen.coef.double()[None]
+        + err_q.double()[:, None] * screen.qnorm.double()[None]
+    )
+    assert ((approx.double() - exact).abs() <= bound).all()
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_error_bound_holds_for_every_token(kernel, seed):
     """|a_j - t_j| <= |x| c_j, the bound the candidate set rests on, with outlier rows and large activations."""
@@ -64,14 +130,17 @@ def test_error_bound_holds_for_every_token(kernel, seed):
     assert ((approx.double() - exact).abs() <= bound).all()
 
 
-def test_top1_logits_keep_the_argmax_at_near_ties(kernel):
+@pytest.mark.parametrize("rows", [3, 13])
+def test_top1_logits_keep_the_argmax_at_near_ties(kernel, x_path, rows):
     """Rows built to tie within the int8 error: the screened argmax is the fp32 head's, and candidates are exact."""
     g = torch.Generator().manual_seed(0)
     w = torch.randn(2000, 64, generator=g) / 8
     w[1:50] = w[0] + 1e-4 * torch.randn(49, 64, generator=g)  # 50 rows within int8 rounding of each other
     screen = Int8Screen.from_weight(w)
+    rows = min(rows, sh.max_screened_rows())  # 6 where x stays fp32
     for trial in range(40):
-        x = torch.randn(3, 64, generator=g)
+        x = torch.randn(rows, 64, generator=g)
+        x[-1, 7] = 30  # an outlier channel
         x[0] = w[trial % 50] * 20  # the near-tied rows are the top ones
         full = csg.kernel_linear(x.contiguous(), w)
         top = screen.top1_logits(x)
@@ -116,7 +185,7 @@ def test_screened_head_only_answers_its_own_thread(kernel):
     assert "forward" not in head.__dict__
 
 
-@pytest.mark.parametrize("method", ["oracle:5", "pld", "early-exit:2"])
+@pytest.mark.parametrize("method", ["oracle:5", "oracle:12", "pld", "early-exit:2"])
 def test_greedy_generation_identical_with_and_without_screening(kernel, monkeypatch, method):
     model = make_tiny_model("llama", layers=4)
     ids = prompt_ids(12, model.config.vocab_size)
@@ -146,4 +215,4 @@ def test_non_finite_rows_fall_back_to_the_full_head(kernel):
     x = torch.randn(2, 32)
     x[1, 5] = float("nan")
     assert screen.top1_logits(x) is None
-    assert screen.top1_logits(torch.randn(7, 32)) is None  # more rows than pay: the full head
+    assert screen.top1_logits(torch.randn(sh.max_screened_rows() + 1, 32)) is None  # more rows than pay

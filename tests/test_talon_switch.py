@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hf_spec.methods.talon.switch import STEP_NODES, CostAwareSwitch
+from hf_spec.methods.talon.switch import CostAwareSwitch
+
+STEP_NODES = 5  # the screened LM head's limit without AVX512-VNNI, passed to the switch where it matters
 
 
 def test_model_is_skipped_only_where_retrieval_alone_gets_long_runs():
@@ -164,7 +166,7 @@ def test_fit_prices_the_screened_head_step():
     """Rounds of 100 ms + 3 ms per node + 25 ms once a tree leaves the screened LM head (> STEP_NODES nodes): the
     fit recovers both terms, and a 5-node retrieval tree fused with a 2-node model chain (7 nodes) is no longer
     chosen, where the straight line through the same rounds would fuse them."""
-    switch = CostAwareSwitch(explore_every=0)
+    switch = CostAwareSwitch(explore_every=0, step_nodes=STEP_NODES)
     switch.start_round()
     sizes = [2, 3, 4, 5, 7, 9, 12, 16]
     for i in range(64):

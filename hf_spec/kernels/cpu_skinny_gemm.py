@@ -385,6 +385,110 @@ void skinny_gemm_i8(const float* x, const int8_t* q, const float* scale, float* 
   });
 }
 
+// ------------------------------------------------------------------------------------------------ u8 x s8 (VNNI)
+// y[M, N] = float((xu[M, K] - 128) @ q[N, K]^T) * (scale[N] * xs[M]) with xu = (an int8 x) + 128 as uint8:
+// `vpdpbusd` sums u8 x s8 products exactly in int32 (4 per lane), and sum_k (xu - 128) q = sum_k xu q - 128 qsum
+// with qsum[n] = sum_k q[n, k]; 64 products per instruction against 16 fp32 FMAs.
+#define HF_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni,avx2,fma")))
+using TileU8Fn = void (*)(const int8_t*, const int32_t*, const float*, const uint8_t*, const float*, int64_t,
+                          int64_t, float*, const int8_t*, int);
+
+// the four int32 sums of four accumulators' 16 lanes
+HF_VNNI inline __m128i hsum4_epi32(__m512i a, __m512i b, __m512i c, __m512i d) {
+  const __m256i ra = _mm256_add_epi32(_mm512_castsi512_si256(a), _mm512_extracti64x4_epi64(a, 1));
+  const __m256i rb = _mm256_add_epi32(_mm512_castsi512_si256(b), _mm512_extracti64x4_epi64(b, 1));
+  const __m256i rc = _mm256_add_epi32(_mm512_castsi512_si256(c), _mm512_extracti64x4_epi64(c, 1));
+  const __m256i rd = _mm256_add_epi32(_mm512_castsi512_si256(d), _mm512_extracti64x4_epi64(d, 1));
+  const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(ra, rb), _mm256_hadd_epi32(rc, rd));
+  return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+template <int NRT, int MR>
+HF_VNNI void tile_u8s8_vnni(const int8_t* __restrict q, const int32_t* __restrict qsum,
+                            const float* __restrict scale, const uint8_t* __restrict xu, const float* __restrict xs,
+                            int64_t K, int64_t N, float* __restrict y, const int8_t* next, int npf) {
+  __m512i acc[NRT][MR];
+#pragma GCC unroll 4
+  for (int i = 0; i < NRT; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < MR; ++j) acc[i][j] = _mm512_setzero_si512();
+  int64_t k = 0;
+  for (; k + 64 <= K; k += 64) {
+    __m512i qv[NRT];
+#pragma GCC unroll 4
+    for (int i = 0; i < NRT; ++i) qv[i] = _mm512_loadu_si512(q + i * K + k);
+    for (int i = 0; i < npf; ++i) _mm_prefetch(reinterpret_cast<const char*>(next + i * K + k), _MM_HINT_T1);
+#pragma GCC unroll 8
+    for (int j = 0; j < MR; ++j) {
+      const __m512i xv = _mm512_loadu_si512(xu + j * K + k);
+#pragma GCC unroll 4
+      for (int i = 0; i < NRT; ++i) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], xv, qv[i]);
+    }
+  }
+  if (k < K) {  // zero bytes past K add nothing
+    const __mmask64 mask = _cvtu64_mask64((~uint64_t{0}) >> (64 - (K - k)));
+    __m512i qv[NRT];
+#pragma GCC unroll 4
+    for (int i = 0; i < NRT; ++i) qv[i] = _mm512_maskz_loadu_epi8(mask, q + i * K + k);
+#pragma GCC unroll 8
+    for (int j = 0; j < MR; ++j) {
+      const __m512i xv = _mm512_maskz_loadu_epi8(mask, xu + j * K + k);
+#pragma GCC unroll 4
+      for (int i = 0; i < NRT; ++i) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], xv, qv[i]);
+    }
+  }
+  if constexpr (NRT == 4) {
+    const __m128i shift = _mm_slli_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qsum)), 7);
+    const __m128 sc = _mm_loadu_ps(scale);
+#pragma GCC unroll 8
+    for (int j = 0; j < MR; ++j) {
+      const __m128i s = _mm_sub_epi32(hsum4_epi32(acc[0][j], acc[1][j], acc[2][j], acc[3][j]), shift);
+      _mm_storeu_ps(y + j * N, _mm_mul_ps(_mm_cvtepi32_ps(s), _mm_mul_ps(sc, _mm_set1_ps(xs[j]))));
+    }
+  } else {
+    for (int j = 0; j < MR; ++j)
+      for (int i = 0; i < NRT; ++i) {
+        const int32_t s = _mm512_reduce_add_epi32(acc[i][j]) - qsum[i] * 128;
+        y[j * N + i] = static_cast<float>(s) * (scale[i] * xs[j]);
+      }
+  }
+}
+
+static const TileU8Fn kU8Vnni[4][6] = HF_TABLE(tile_u8s8_vnni);
+
+bool detect_vnni() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vnni");
+}
+
+bool has_vnni() {
+  static const bool vnni = detect_vnni();
+  return vnni;
+}
+
+void skinny_gemm_u8s8(const uint8_t* xu, const float* xs, const int8_t* q, const int32_t* qsum,
+                      const float* scale, float* y, int64_t M, int64_t N, int64_t K) {
+  const int64_t tiles = (N + NR - 1) / NR;
+  const int64_t per_tile = NR * K * std::max<int64_t>(M, 4) / 4;  // 4 products per lane and instruction
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(per_tile, 1));
+  const int64_t chunks = (M + MR_AVX512 - 1) / MR_AVX512;
+  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
+    const int64_t n1 = std::min(N, t1 * NR);
+    for (int64_t n = t0 * NR; n < n1; n += NR) {
+      const int64_t nr = std::min<int64_t>(NR, n1 - n);
+      const int npf = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(NR, n1 - (n + NR))));
+      int64_t m = 0;
+      for (int64_t c = 0; c < chunks; ++c) {  // the next tile is prefetched during the first chunk
+        const int64_t mr = (M - m) / (chunks - c);
+        kU8Vnni[nr - 1][mr - 1](q + n * K, qsum + n, scale + n, xu + m * K, xs + m, K, N, y + m * N + n,
+                                q + (n + NR) * K, c == 0 ? npf : 0);
+        m += mr;
+      }
+    }
+  });
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------------------------ Python module
@@ -432,12 +536,42 @@ static PyObject* py_gemm_i8(PyObject*, PyObject* args) {
                   });
 }
 
+// (xu_ptr, xs_ptr, q_ptr, qsum_ptr, scale_ptr, y_ptr, M, N, K): `skinny_gemm_u8s8`, without the GIL
+static PyObject* py_gemm_u8s8(PyObject*, PyObject* args) {
+  unsigned long long p[6];
+  long long M, N, K;
+  if (!PyArg_ParseTuple(args, "KKKKKKLLL", &p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &M, &N, &K)) return nullptr;
+  if (M < 1 || N < 1 || K < 1 || std::find(p, p + 6, 0ULL) != p + 6 || !has_vnni()) {
+    PyErr_SetString(PyExc_ValueError, "gemm_u8s8: bad shape, null pointer or no AVX512-VNNI");
+    return nullptr;
+  }
+  bool failed = false;
+  Py_BEGIN_ALLOW_THREADS
+  try {
+    skinny_gemm_u8s8(reinterpret_cast<const uint8_t*>(p[0]), reinterpret_cast<const float*>(p[1]),
+                     reinterpret_cast<const int8_t*>(p[2]), reinterpret_cast<const int32_t*>(p[3]),
+                     reinterpret_cast<const float*>(p[4]), reinterpret_cast<float*>(p[5]), M, N, K);
+  } catch (...) {
+    failed = true;
+  }
+  Py_END_ALLOW_THREADS
+  if (failed) {
+    PyErr_SetString(PyExc_RuntimeError, "gemm_u8s8 failed");
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
 static PyObject* py_best_isa(PyObject*, PyObject*) { return PyLong_FromLong(best_isa()); }
+
+static PyObject* py_has_vnni(PyObject*, PyObject*) { return PyBool_FromLong(has_vnni()); }
 
 static PyMethodDef kMethods[] = {
     {"gemm", py_gemm, METH_VARARGS, "gemm(x_ptr, w_ptr, bias_ptr_or_0, y_ptr, M, N, K, isa)"},
     {"gemm_i8", py_gemm_i8, METH_VARARGS, "gemm_i8(x_ptr, q_ptr, scale_ptr, y_ptr, M, N, K, isa)"},
+    {"gemm_u8s8", py_gemm_u8s8, METH_VARARGS, "gemm_u8s8(xu_ptr, xs_ptr, q_ptr, qsum_ptr, scale_ptr, y_ptr, M, N, K)"},
     {"best_isa", py_best_isa, METH_NOARGS, "0 scalar, 1 AVX2+FMA, 2 AVX-512"},
+    {"has_vnni", py_has_vnni, METH_NOARGS, "AVX-512 F, BW and VNNI"},
     {nullptr, nullptr, 0, nullptr}};
 
 #define HF_STR2(a) #a
@@ -616,6 +750,34 @@ def kernel_linear_int8(
         return None
     y = torch.empty(*x.shape[:-1], n, dtype=_F32)
     mod.gemm_i8(x.data_ptr(), q.data_ptr(), scale.data_ptr(), y.data_ptr(), rows, n, k, isa)
+    return y
+
+
+def has_vnni() -> bool:
+    """Whether this CPU runs `kernel_linear_u8s8` (AVX-512 F, BW and VNNI) and the kernel is loaded."""
+    mod = _usable_kernel(ISA_AUTO)
+    return mod is not None and _best_isa >= ISA_AVX512 and bool(mod.has_vnni())
+
+
+def kernel_linear_u8s8(
+    xu: torch.Tensor, xs: torch.Tensor, q: torch.Tensor, qsum: torch.Tensor, scale: torch.Tensor
+) -> torch.Tensor | None:
+    """`float((xu - 128) @ q.T) * (xs[:, None] * scale)` `(M, N)`: uint8 xu `(M, K)` (an int8 x plus 128), fp32 row
+    scales xs `(M,)`, int8 q `(N, K)`, int32 qsum `(N,)` = q's row sums, fp32 scale `(N,)`; the integer products
+    are summed exactly. None without AVX512-VNNI or where the inputs do not fit (1..32 rows, contiguous CPU)."""
+    if xu.dim() != 2 or q.dim() != 2 or not MIN_ROWS <= xu.shape[0] <= MAX_ROWS or not has_vnni():
+        return None
+    (m, k), n = xu.shape, q.shape[0]
+    if not n or q.shape[1] != k or not _plain(xu, torch.uint8) or not _plain(q, torch.int8):
+        return None
+    if not (_plain(xs, _F32) and xs.shape == (m,) and _plain(scale, _F32) and scale.shape == (n,)):
+        return None
+    if not _plain(qsum, torch.int32) or qsum.shape != (n,):
+        return None
+    y = torch.empty(m, n, dtype=_F32)
+    load_kernel().gemm_u8s8(
+        xu.data_ptr(), xs.data_ptr(), q.data_ptr(), qsum.data_ptr(), scale.data_ptr(), y.data_ptr(), m, n, k
+    )
     return y
 
 

@@ -24,8 +24,8 @@ picks the largest expected tokens per second among
 
 with n_r the round's retrieval tree, n_m the model tree's mean size, x the model's mean extra nodes in fused trees
 and M what the model tree alone gets accepted. The fit has a step too: a greedy float32 verification of at most
-`STEP_NODES` nodes reads the int8-screened LM head (`hf_spec.kernels.screened_head`), a larger one the fp32 head,
-so each `s * n` above reads `s * n + h * [n > STEP_NODES]`, with h fitted with s (two-regressor running least
+`step_nodes` nodes reads the int8-screened LM head (`hf_spec.kernels.screened_head`: 5 nodes, 31 with AVX512-VNNI),
+a larger one the fp32 head, so each `s * n` above reads `s * n + h * [n > step_nodes]`, with h fitted with s (two-regressor running least
 squares; h = 0 where all rounds fall on one side). Without the step a linear fit over 2- to 24-node rounds priced a
 3-node model chain and a 7-node fused tree alike, and the switch fused trees where the model chain alone was faster
 (Spec-Bench math_reasoning and translation, session 12: hybrid 0.86-0.87x model-only).
@@ -43,9 +43,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from hf_spec.kernels.screened_head import MAX_ROWS
-
-STEP_NODES = MAX_ROWS - 1  # verified nodes (plus the root) that still read the screened LM head
+from hf_spec.kernels.screened_head import max_screened_rows
 
 
 @dataclass
@@ -66,10 +64,18 @@ class CostAwareSwitch:
         max_bucket: match lengths at or above this share one bucket.
         explore_every: after this many skipped rounds in a row the model runs once (0: never).
         cost_ratio: c / T when > 0 (fixed, deterministic); 0 measures both with `time.perf_counter`.
+        step_nodes: verified nodes (the root aside) that still read the screened LM head; None: this CPU's.
     """
 
-    def __init__(self, max_bucket: int = 8, explore_every: int = 4, cost_ratio: float = 0.0) -> None:
+    def __init__(
+        self,
+        max_bucket: int = 8,
+        explore_every: int = 4,
+        cost_ratio: float = 0.0,
+        step_nodes: int | None = None,
+    ) -> None:
         self.max_bucket = max_bucket
+        self.step_nodes = max_screened_rows() - 1 if step_nodes is None else step_nodes
         self.explore_every = explore_every
         self.cost_ratio = cost_ratio
         self.retrieval_accepted = [_RunningMean() for _ in range(max_bucket + 1)]
@@ -79,7 +85,7 @@ class CostAwareSwitch:
         self.model_nodes = _RunningMean()  # nodes the model adds to the verified tree
         self.model_accepted = _RunningMean()  # M: tokens the model tree alone gets accepted
         self.model_size = _RunningMean()  # nodes of the model tree
-        # running moments of (verified nodes n, step z = [n > STEP_NODES], rest of the round t) for the fit
+        # running moments of (verified nodes n, step z = [n > step_nodes], rest of the round t) for the fit
         self._n, self._t, self._nn, self._nt = _RunningMean(), _RunningMean(), _RunningMean(), _RunningMean()
         self._z, self._zz, self._nz, self._zt = _RunningMean(), _RunningMean(), _RunningMean(), _RunningMean()
         self.skipped = 0  # rounds skipped in a row
@@ -97,7 +103,7 @@ class CostAwareSwitch:
         return min(max(match, 0), self.max_bucket)
 
     def fit(self) -> tuple[float, float]:
-        """`(s, h)`: seconds per verified node and the step above `STEP_NODES` nodes (least squares, both >= 0)."""
+        """`(s, h)`: seconds per verified node and the step above `step_nodes` nodes (least squares, both >= 0)."""
         var_n = self._nn.value - self._n.value**2
         if self._n.count < 8 or var_n < 1.0:
             return 0.0, 0.0
@@ -118,9 +124,9 @@ class CostAwareSwitch:
         return self.fit()[0]
 
     def verify_seconds(self, nodes: float) -> float:
-        """What `nodes` verified nodes add to a round's intercept: `s * nodes + h * [nodes > STEP_NODES]`."""
+        """What `nodes` verified nodes add to a round's intercept: `s * nodes + h * [nodes > step_nodes]`."""
         s, h = self.fit()
-        return s * nodes + h * (nodes > STEP_NODES)
+        return s * nodes + h * (nodes > self.step_nodes)
 
     def ratio(self) -> float:
         """c / T: the model's cost (drafting + verifying its nodes) over the rest of a round."""
@@ -180,7 +186,7 @@ class CostAwareSwitch:
             self.rest_seconds.add(rest)
             if self._round_nodes is not None:
                 n = float(self._round_nodes)
-                z = float(n > STEP_NODES)
+                z = float(n > self.step_nodes)
                 for mean, x in (
                     (self._n, n),
                     (self._t, rest),
