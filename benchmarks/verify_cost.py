@@ -1,16 +1,20 @@
 """Cost of one target forward of k new tokens after a 200-token cache, stock vs hf-spec's verification
-kernels (`fast_linears`), in float32 and bfloat16.
+kernels (`fast_linears`), and (float32) with the greedy loop's int8-screened LM head, x in fp32 or (AVX512-VNNI)
+quantized too (`HF_SPEC_SCREEN_INT8_X`), in float32 and bfloat16.
 Usage: python benchmarks/verify_cost.py [--target NAME] [--threads N] [--dtypes float32,bfloat16]"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import statistics
 import time
 
 import torch
 from transformers import DynamicCache
 
+from hf_spec.kernels.screened_head import int8_x_applies, screened_lm_head, screening_applies
 from hf_spec.kernels.skinny_linear import fast_linears
 from hf_spec.models import load_model
 from hf_spec.verify.cache import crop_cache
@@ -22,34 +26,75 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--past", type=int, default=200)
     ap.add_argument("--dtypes", default="float32", help="comma list: float32, bfloat16")
+    ap.add_argument(
+        "--text",
+        default="../shared/data/eval/spec_bench_dev.jsonl",
+        help="prompts (.jsonl): the cache and the k tokens are real text; 'random': random token ids",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     for dtype in args.dtypes.split(","):
         print(f"\n{args.target}, {dtype}, {args.past} cached tokens, median of 5 (ms)\n")
-        measure(load_model(args.target, dtype=getattr(torch, dtype))[0], args.past)
+        model, tok = load_model(args.target, dtype=getattr(torch, dtype))
+        measure(model, args.past, _text_ids(tok, args.text, args.past + 40))
 
 
-def measure(model, past: int) -> None:
+def _text_ids(tok, path: str, n: int) -> torch.Tensor | None:
+    """n token ids of the prompts in `path` run together (None: random ids)."""
+    if path == "random":
+        return None
+    from hf_spec.bench.runner import load_prompts
+
+    text = "\n\n".join(p.turns[0] for p in load_prompts(path))
+    return tok(text, return_tensors="pt").input_ids[0, :n]
+
+
+def measure(model, past: int, text: torch.Tensor | None = None) -> None:
     """The C++ kernels are float32 only: in other dtypes the second column differs from stock only where
     `mm_trick_pays` routes 8-32 rows through `(W @ x.T).T` (`HF_SPEC_MM_TRICK=0/1` forces either)."""
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        model(input_ids=torch.randint(100, 10000, (1, past)), past_key_values=cache, use_cache=True)
-        print("| k | stock ms | hf-spec kernels ms |\n|---|---|---|")
+        ids = torch.randint(100, 10000, (1, past)) if text is None else text[None, :past]
+        model(input_ids=ids, past_key_values=cache, use_cache=True)
+        setups = [("stock", False, None), ("hf-spec kernels", True, None)]
+        if screening_applies(model, False, False, False):
+            setups.append(("+ screened head, fp32 x", True, "0"))
+            if int8_x_applies():
+                setups.append(("+ screened head, int8 x", True, "1"))
+        print("| k | " + " | ".join(f"{name} ms" for name, _, _ in setups) + " |")
+        print("|---" * (len(setups) + 1) + "|")
         for k in (1, 2, 3, 4, 6, 9, 13, 17, 25, 33):
             row = []
-            for fast in (False, True):
+            for _, fast, int8_x in setups:
                 times = []
                 for _ in range(6):
-                    x = torch.randint(100, 10000, (1, k))
+                    x = torch.randint(100, 10000, (1, k)) if text is None else text[None, past : past + k]
                     start = time.perf_counter()
-                    with fast_linears(model, fast):
+                    with _screen(model, int8_x), fast_linears(model, fast):
                         pos = torch.arange(past, past + k)[None]
                         model(input_ids=x, position_ids=pos, past_key_values=cache, use_cache=True)
                     times.append(time.perf_counter() - start)
                     crop_cache(cache, past)
                 row.append(statistics.median(times[1:]) * 1000)
-            print(f"| {k} | {row[0]:.1f} | {row[1]:.1f} |")
+            print(f"| {k} | " + " | ".join(f"{t:.1f}" for t in row) + " |")
+
+
+@contextlib.contextmanager
+def _screen(model, int8_x: str | None):
+    """The screened LM head with x quantized ("1") or not ("0"); None: the model's own head."""
+    if int8_x is None:
+        yield
+        return
+    old = os.environ.get("HF_SPEC_SCREEN_INT8_X")
+    os.environ["HF_SPEC_SCREEN_INT8_X"] = int8_x
+    try:
+        with screened_lm_head(model):
+            yield
+    finally:
+        if old is None:
+            os.environ.pop("HF_SPEC_SCREEN_INT8_X")
+        else:
+            os.environ["HF_SPEC_SCREEN_INT8_X"] = old
 
 
 if __name__ == "__main__":

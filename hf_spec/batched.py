@@ -216,7 +216,8 @@ def batched_generate(
             mask = block_mask(valid, trees, width, dtype).to(device)
             if sliding:  # each cache slot's position: its row's count of valid slots up to it
                 mask = windowed_mask(model, mask, pos, torch.cat([valid.long().cumsum(1) - 1, pos], dim=1))
-            with fast_linears(model), screened_lm_head(model, enabled=screen), grouped_attention(model):
+            # the screened head first: `fast_linears` leaves modules it finds patched alone
+            with screened_lm_head(model, enabled=screen), fast_linears(model), grouped_attention(model):
                 out = model(
                     input_ids=block.to(device),
                     position_ids=pos.to(device),

@@ -97,22 +97,24 @@ def test_u8s8_kernel_declines_what_it_cannot_take(vnni):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_error_bound_with_int8_x_holds_for_every_token(vnni, seed):
-    """|a_j - t_j| <= |x| c_j + err_q |s_j q_j| when x is quantized too, with outlier rows and channels."""
+    """After each int8 level of x: |a_j - t_j| <= |x| c_j + err_l |s_j q_j|, with outlier rows and channels."""
     w, _, _ = _quantized(4099, 96, seed)
     w[::97] *= 40
     screen = Int8Screen.from_weight(w)
     g = torch.Generator().manual_seed(100 + seed)
     x = torch.randn(7, 96, generator=g) * 30
     x[:, 3] = 400
-    x[2] *= 1e-3  # a small row: a small scale
-    xn = x.norm(dim=1) * (1 + 1e-4)
-    approx, err_w, err_q = screen._scores_int8_x(x, xn)
+    x[2] *= 1e-3  # a small row: small scales
+    x[4] = 0.0  # a zero row
     exact = x.double() @ w.double().T
-    bound = (
-        err_w.double()[:, None] * screen.coef.double()[None]
-        + err_q.double()[:, None] * screen.qnorm.double()[None]
-    )
-    assert ((approx.double() - exact).abs() <= bound).all()
+    xn = x.double().norm(dim=1, keepdim=True) * (1 + 1e-4)
+    (xu1, s1, err1), (xu2, s2, err2) = sh.int8_levels(x)
+    first = csg.kernel_linear_u8s8(xu1, s1, screen.q, screen.qsum, screen.scale)
+    both = first + csg.kernel_linear_u8s8(xu2, s2, screen.q, screen.qsum, screen.scale)
+    for approx, err in ((first, err1), (both, err2)):
+        bound = xn * screen.coef.double()[None] + err.double()[:, None] * screen.qnorm.double()[None]
+        assert ((approx.double() - exact).abs() <= bound).all()
+    assert (err2 <= err1 / 100).all()  # the second level tightens the bound ~250-fold
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -489,6 +489,25 @@ void skinny_gemm_u8s8(const uint8_t* xu, const float* xs, const int8_t* q, const
   });
 }
 
+// ------------------------------------------------------------------------------------------------ screening
+// keep[j] = 1 if a[m, j] + ew[m] * coef[j] + eq[m] * qn[j] >= floor[m] for some row m of a (M, N), else 0:
+// the candidates of the screened LM head in one pass over the scores
+void select_within(const float* a, const float* floor, const float* ew, const float* eq, const float* coef,
+                   const float* qn, uint8_t* keep, int64_t M, int64_t N) {
+  constexpr int64_t kBlock = 2048;
+  at::parallel_for(0, (N + kBlock - 1) / kBlock, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t j0 = b * kBlock, j1 = std::min(N, j0 + kBlock);
+      std::fill(keep + j0, keep + j1, uint8_t{0});
+      for (int64_t m = 0; m < M; ++m) {
+        const float* row = a + m * N;
+        const float f = floor[m], w = ew[m], q = eq[m];
+        for (int64_t j = j0; j < j1; ++j) keep[j] |= static_cast<uint8_t>(row[j] + w * coef[j] + q * qn[j] >= f);
+      }
+    }
+  });
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------------------------ Python module
@@ -562,6 +581,24 @@ static PyObject* py_gemm_u8s8(PyObject*, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+// (a_ptr, floor_ptr, ew_ptr, eq_ptr, coef_ptr, qn_ptr, keep_ptr, M, N): `select_within`, without the GIL
+static PyObject* py_select_within(PyObject*, PyObject* args) {
+  unsigned long long p[7];
+  long long M, N;
+  if (!PyArg_ParseTuple(args, "KKKKKKKLL", &p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &p[6], &M, &N)) return nullptr;
+  if (M < 1 || N < 1 || std::find(p, p + 7, 0ULL) != p + 7) {
+    PyErr_SetString(PyExc_ValueError, "select_within: bad shape or null pointer");
+    return nullptr;
+  }
+  Py_BEGIN_ALLOW_THREADS
+  select_within(reinterpret_cast<const float*>(p[0]), reinterpret_cast<const float*>(p[1]),
+                reinterpret_cast<const float*>(p[2]), reinterpret_cast<const float*>(p[3]),
+                reinterpret_cast<const float*>(p[4]), reinterpret_cast<const float*>(p[5]),
+                reinterpret_cast<uint8_t*>(p[6]), M, N);
+  Py_END_ALLOW_THREADS
+  Py_RETURN_NONE;
+}
+
 static PyObject* py_best_isa(PyObject*, PyObject*) { return PyLong_FromLong(best_isa()); }
 
 static PyObject* py_has_vnni(PyObject*, PyObject*) { return PyBool_FromLong(has_vnni()); }
@@ -570,6 +607,8 @@ static PyMethodDef kMethods[] = {
     {"gemm", py_gemm, METH_VARARGS, "gemm(x_ptr, w_ptr, bias_ptr_or_0, y_ptr, M, N, K, isa)"},
     {"gemm_i8", py_gemm_i8, METH_VARARGS, "gemm_i8(x_ptr, q_ptr, scale_ptr, y_ptr, M, N, K, isa)"},
     {"gemm_u8s8", py_gemm_u8s8, METH_VARARGS, "gemm_u8s8(xu_ptr, xs_ptr, q_ptr, qsum_ptr, scale_ptr, y_ptr, M, N, K)"},
+    {"select_within", py_select_within, METH_VARARGS,
+     "select_within(a_ptr, floor_ptr, ew_ptr, eq_ptr, coef_ptr, qn_ptr, keep_ptr, M, N)"},
     {"best_isa", py_best_isa, METH_NOARGS, "0 scalar, 1 AVX2+FMA, 2 AVX-512"},
     {"has_vnni", py_has_vnni, METH_NOARGS, "AVX-512 F, BW and VNNI"},
     {nullptr, nullptr, 0, nullptr}};
@@ -779,6 +818,35 @@ def kernel_linear_u8s8(
         xu.data_ptr(), xs.data_ptr(), q.data_ptr(), qsum.data_ptr(), scale.data_ptr(), y.data_ptr(), m, n, k
     )
     return y
+
+
+def kernel_select_within(
+    approx: torch.Tensor,
+    floor: torch.Tensor,
+    err_w: torch.Tensor,
+    err_q: torch.Tensor,
+    coef: torch.Tensor,
+    qnorm: torch.Tensor,
+) -> torch.Tensor | None:
+    """Bool `(N,)`: columns j of `approx (M, N)` with `approx[m, j] + err_w[m] coef[j] + err_q[m] qnorm[j] >=
+    floor[m]` in some row m (fp32, contiguous CPU); None without the kernel."""
+    tensors = (approx, floor, err_w, err_q, coef, qnorm)
+    if approx.dim() != 2 or not all(_plain(t, _F32) for t in tensors):
+        return None
+    m, n = approx.shape
+    if (
+        not m
+        or not n
+        or any(t.shape != (m,) for t in tensors[1:4])
+        or any(t.shape != (n,) for t in tensors[4:])
+    ):
+        return None
+    mod = _usable_kernel(ISA_AUTO)
+    if mod is None:
+        return None
+    keep = torch.empty(n, dtype=torch.uint8)
+    mod.select_within(*(t.data_ptr() for t in tensors), keep.data_ptr(), m, n)
+    return keep.bool()
 
 
 def skinny_gemm(

@@ -14,13 +14,16 @@ the fp32 head gives (up to fp32 rounding, as with any kernel):
 so the true argmax j* has a_j* + e_j* >= t_j* >= t_k >= a_k - e_k for every k: it is among the candidates
 {j : a_j + e_j >= max_k (a_k - e_k)}. On Qwen2.5-Coder-0.5B's verification rows a few dozen tokens pass.
 
-With AVX512-VNNI, from 3 rows x is quantized per row too, x = s_x q_x + r, and the kernel sums the integer products
-q_x . q_j exactly (`vpdpbusd`, 64 a cycle against 16 fp32 FMAs), a_j = fl(fl(q_x . q_j) * fl(s_j s_x)):
+With AVX512-VNNI, from 3 rows x is quantized too, in two int8 levels per row (the second quantizes what the first
+left), x = s_1 q_1 + s_2 q_2 + r, and the kernel sums the integer products q_l . q_j exactly (`vpdpbusd`, 64 a
+cycle against 16 fp32 FMAs). The first level scores every token, a_j = fl(fl(q_1 . q_j) * fl(s_j s_1)), with
 
-    |a_j - t_j| <= |x|_2 c_j + (|r|_2 + 2^-22 |s_x q_x|_2) |s_j q_j|_2
+    |a_j - t_j| <= |x|_2 c_j + (|x - s_1 q_1|_2 + 2^-22 |s_1 q_1|_2) |s_j q_j|_2
 
-(x . (w_j - s_j q_j) and r . s_j q_j by Cauchy-Schwarz, three roundings of the product). The bound is looser
-(x has outlier channels; ~100 candidates a row), but scoring 13 rows takes 4.6 instead of 16.4 ms.
+(x . (w_j - s_j q_j) and (x - s_1 q_1) . s_j q_j by Cauchy-Schwarz, three roundings of the product): x's outlier
+channels leave |x - s_1 q_1| at ~2% of |x|, so this keeps ~100 tokens a row (thousands on uncertain rows). The
+second level adds fl(fl(q_2 . q_j) * fl(s_j s_2)) for those tokens only, bound |x|_2 c_j + (|r|_2 + 2^-21 (|s_1
+q_1|_2 + |s_2 q_2|_2)) |s_j q_j|_2 with |r| ~1e-4 |x|: as few candidates as fp32 x. 13 rows: ~6 ms, fp32 head 18 ms.
 
 Only where nothing but the argmax is read (greedy, no logits processors, no scores returned; stopping criteria are
 then handed no scores, as in plain decoding: `screening_applies`); anything else gets the full fp32 head.
@@ -44,8 +47,7 @@ from hf_spec.kernels import cpu_skinny_gemm
 from hf_spec.kernels.skinny_linear import skinny_linear
 
 # rows of x screened with fp32 x: from ~9 rows the kernel is compute-bound and stops paying (AMD EPYC, 2 threads);
-# with AVX512-VNNI, from 3 rows x is quantized to int8 too and up to 32 rows are screened (13 rows: 4.6 ms against
-# the fp32 head's 17.6 ms on a 2-core AMD EPYC Zen 5)
+# with AVX512-VNNI, from 3 rows x is quantized to int8 too and up to 32 rows are screened
 MAX_ROWS, MAX_ROWS_VNNI, MIN_ROWS_VNNI = 6, 32, 3
 _F32_EPS = 2.0**-24
 
@@ -93,38 +95,27 @@ class Int8Screen:
     def candidates(self, x: torch.Tensor) -> torch.Tensor | None:
         """Token ids that may hold some row's argmax of `x @ weight.T`, x `(M, K)` fp32; None without the kernel."""
         xn = x.norm(dim=1) * (1 + 1e-4)  # (M,)
-        if x.shape[0] >= MIN_ROWS_VNNI and cpu_skinny_gemm.has_vnni():
-            scored = self._scores_int8_x(x, xn)
-        else:
-            approx = cpu_skinny_gemm.kernel_linear_int8(x, self.q, self.scale)  # (M, N)
-            scored = None if approx is None else (approx, xn, torch.zeros_like(xn))
-        if scored is None:
-            return None
-        approx, err_w, err_q = scored  # e_j = err_w c_j + err_q |s_j q_j| for each row
-        best, arg = approx.max(dim=1)
-        floor = best - err_w * self.coef[arg] - err_q * self.qnorm[arg]  # <= max_k (a_k - e_k)
-        # every j with a_j + e_j >= floor has a_j >= floor - max_j e_j: a cheap superset first
-        reach = err_w * self.coef_max + err_q * self.qnorm_max
-        pre = (approx >= (floor - reach)[:, None]).any(dim=0).nonzero().flatten()
-        err = err_w[:, None] * self.coef[pre][None] + err_q[:, None] * self.qnorm[pre][None]
-        keep = (approx[:, pre] + err >= floor[:, None]).any(dim=0)
-        return pre[keep]
-
-    def _scores_int8_x(
-        self, x: torch.Tensor, xn: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """Scores with x quantized per row too (`x = s_x q_x + r`): `(approx (M, N), err_w (M,), err_q (M,))`, the
-        error of row m's score of token j being at most `err_w c_j + err_q |s_j q_j|_2` (module docstring)."""
-        xs = (x.abs().amax(dim=1) / 127).clamp_(min=1e-30)  # (M,)
-        qx = torch.round(x / xs[:, None]).clamp_(-127, 127)
-        xu = (qx + 128).to(torch.uint8)
-        approx = cpu_skinny_gemm.kernel_linear_u8s8(xu, xs, self.q, self.qsum, self.scale)
+        if x.shape[0] >= MIN_ROWS_VNNI and int8_x_applies():
+            return self._candidates_int8_x(x, xn)
+        approx = cpu_skinny_gemm.kernel_linear_int8(x, self.q, self.scale)  # (M, N)
         if approx is None:
             return None
-        sq = xs.double()[:, None] * qx.double()  # exact products in float64
-        resid = (x.double() - sq).norm(dim=1)
-        err_q = (resid + 2.0**-22 * sq.norm(dim=1)) * (1 + 1e-6)
-        return approx, xn, err_q.float()
+        return _within_bound(approx, xn, torch.zeros_like(xn), self.coef, self.qnorm)
+
+    def _candidates_int8_x(self, x: torch.Tensor, xn: torch.Tensor) -> torch.Tensor | None:
+        """x quantized per row in two int8 levels (`int8_levels`): the first scores every token (loose bound), the
+        second the tokens the first keeps (tight bound), or every token where the first kept too many."""
+        (xu1, s1, err1), (xu2, s2, err2) = int8_levels(x)
+        approx = cpu_skinny_gemm.kernel_linear_u8s8(xu1, s1, self.q, self.qsum, self.scale)  # (M, N)
+        if approx is None:
+            return None
+        loose = _within_bound(approx, xn, err1, self.coef, self.qnorm)
+        if len(loose) > len(self.q) // 8:  # uncertain rows: a second full pass is cheaper than gathering
+            approx.add_(cpu_skinny_gemm.kernel_linear_u8s8(xu2, s2, self.q, self.qsum, self.scale))
+            return _within_bound(approx, xn, err2, self.coef, self.qnorm)
+        q, qsum, scale = self.q.index_select(0, loose), self.qsum[loose], self.scale[loose]
+        approx = approx[:, loose].add_(cpu_skinny_gemm.kernel_linear_u8s8(xu2, s2, q, qsum, scale))  # (M, C)
+        return loose[_within_bound(approx, xn, err2, self.coef[loose], self.qnorm[loose])]
 
     def top1_logits(self, x: torch.Tensor) -> torch.Tensor | None:
         """Logits `(..., N)` exact (fp32) at the candidates, -inf elsewhere; None where screening does not apply."""
@@ -143,9 +134,47 @@ class Int8Screen:
         return out.view(*x.shape[:-1], -1)
 
 
+def int8_levels(x: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], ...]:
+    """x `(M, K)` fp32 as two int8 levels per row, x = s_1 q_1 + s_2 q_2 + r: `((xu_1, s_1, err_1), (xu_2, s_2,
+    err_2))`, xu_l = q_l + 128 as uint8 `(M, K)`, s_l `(M,)`, and err_l `(M,)` the module docstring's factor of
+    |s_j q_j| in the bound after level 1 and after both (fp32, rounded up)."""
+    s1 = (x.abs().amax(dim=1) / 127).clamp_(min=1e-30)
+    q1 = torch.round(x / s1[:, None]).clamp_(-127, 127)
+    rest = x - s1[:, None] * q1  # what the first level left (any q_2 keeps the bound: r is measured)
+    s2 = (rest.abs().amax(dim=1) / 127).clamp_(min=1e-30)
+    q2 = torch.round(rest / s2[:, None]).clamp_(-127, 127)
+    l1, l2 = s1.double()[:, None] * q1.double(), s2.double()[:, None] * q2.double()  # exact in float64
+    n1, n2 = l1.norm(dim=1), l2.norm(dim=1)
+    # a level's product rounds three times (<= 2^-22 |s_l q_l| |s_j q_j|), the sum of the two levels once more
+    err1 = ((x.double() - l1).norm(dim=1) + 2.0**-22 * n1) * (1 + 1e-6)
+    err2 = ((x.double() - l1 - l2).norm(dim=1) + 2.0**-21 * (n1 + n2)) * (1 + 1e-6)
+    return ((q1 + 128).to(torch.uint8), s1, err1.float()), ((q2 + 128).to(torch.uint8), s2, err2.float())
+
+
+def _within_bound(
+    approx: torch.Tensor, err_w: torch.Tensor, err_q: torch.Tensor, coef: torch.Tensor, qnorm: torch.Tensor
+) -> torch.Tensor:
+    """Columns j of scores `approx (M, C)`, each within `e_j = err_w c_j + err_q |s_j q_j|` of the truth (`err_w`,
+    `err_q` `(M,)`, `coef` c and `qnorm` |s q| `(C,)`), with `a_j + e_j >= max_k (a_k - e_k)` in some row: those
+    that may hold a row's argmax."""
+    best, arg = approx.max(dim=1)
+    floor = best - err_w * coef[arg] - err_q * qnorm[arg]  # <= max_k (a_k - e_k)
+    keep = cpu_skinny_gemm.kernel_select_within(approx, floor, err_w, err_q, coef, qnorm)
+    if keep is None:
+        err = err_w[:, None] * coef[None] + err_q[:, None] * qnorm[None]
+        keep = (approx + err >= floor[:, None]).any(dim=0)
+    return keep.nonzero().flatten()
+
+
 def max_screened_rows() -> int:
-    """Most rows of x the screen takes on this CPU (`MAX_ROWS_VNNI` with AVX512-VNNI, else `MAX_ROWS`)."""
-    return MAX_ROWS_VNNI if cpu_skinny_gemm.has_vnni() else MAX_ROWS
+    """Most rows of x the screen takes on this CPU (`MAX_ROWS_VNNI` where x is quantized, else `MAX_ROWS`)."""
+    return MAX_ROWS_VNNI if int8_x_applies() else MAX_ROWS
+
+
+def int8_x_applies() -> bool:
+    """Whether x is quantized too: AVX512-VNNI, unless `HF_SPEC_SCREEN_INT8_X=0` (read on every call)."""
+    off = os.environ.get("HF_SPEC_SCREEN_INT8_X", "").strip().lower() in ("0", "false", "no")
+    return not off and cpu_skinny_gemm.has_vnni()
 
 
 _screens: weakref.WeakKeyDictionary[nn.Module, Int8Screen] = weakref.WeakKeyDictionary()
