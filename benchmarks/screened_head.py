@@ -1,11 +1,13 @@
 """The int8-screened LM head (`hf_spec/kernels/screened_head.py`) on a real target, two measurements:
 
 1. `--head`: time of the target's LM head on k rows of real verification hidden states (its own greedy answers to
-   Spec-Bench prompts): the fp32 kernel against screening; candidates kept per block; argmax mismatches (must be 0).
-2. `--method SPEC`: a same-process A/B of a method with screening on and off (`HF_SPEC_SCREENED_HEAD`), alternating
-   the order per prompt; total and verification seconds, and whether the two outputs are identical.
+   Spec-Bench prompts): the fp32 kernel against screening with x in fp32 and (AVX512-VNNI) in int8; candidates
+   kept per block; argmax mismatches (must be 0).
+2. `--method SPEC`: a same-process A/B of a method with screening on and off (`--switch HF_SPEC_SCREENED_HEAD`,
+   the default) or with x in int8 and in fp32 (`--switch HF_SPEC_SCREEN_INT8_X`), alternating the order per
+   prompt; total and verification seconds, and whether the two outputs are identical.
 
-Usage: python benchmarks/screened_head.py [--target NAME] [--head] [--method SPEC] [--prompts 13]
+Usage: python benchmarks/screened_head.py [--target NAME] [--head] [--method SPEC] [--switch VAR] [--prompts 13]
     [--max-new-tokens 128] [--threads 2]
 """
 
@@ -22,7 +24,7 @@ from skinny_gemm_rows import median_seconds  # benchmarks/ is this script's fold
 
 from hf_spec import SpeculativeDecoder
 from hf_spec.kernels import cpu_skinny_gemm
-from hf_spec.kernels.screened_head import Int8Screen
+from hf_spec.kernels.screened_head import Int8Screen, max_screened_rows
 from hf_spec.models.fetch import load_model
 from hf_spec.registry import parse_method
 
@@ -58,30 +60,38 @@ def head_table(model, tokenizer, rows: list[dict], max_new_tokens: int) -> None:
         out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
         h = model.model(out).last_hidden_state[0]
         hidden.append(h[ids.shape[1] - 1 :])  # the answer's positions: what verification sees
-    print("| rows | fp32 kernel ms | screened ms | candidates median / max | argmax mismatches |")
-    print("|---|---|---|---|---|")
-    for k in (1, 2, 3, 4, 6):
-        counts, mismatches = [], 0
-        for h in hidden:
-            for s in range(0, h.shape[0] - k + 1, k):
-                x = h[s : s + k].contiguous()
-                counts.append(len(screen.candidates(x)))
-                full = cpu_skinny_gemm.kernel_linear(x, weight)
-                mismatches += int((screen.top1_logits(x).argmax(-1) != full.argmax(-1)).sum())
+    paths = {"fp32 x": "0"} | ({"int8 x": "1"} if cpu_skinny_gemm.has_vnni() else {})
+    cells = " | ".join(f"{p}: screened ms | candidates median / max | argmax mismatches" for p in paths)
+    print(f"| rows | fp32 kernel ms | {cells} |\n" + "|---" * (2 + 3 * len(paths)) + "|")
+    for k in (1, 2, 3, 4, 6, 8, 13, 24, 32):
         x = hidden[0][:k].contiguous()
-        full_ms = median_seconds(lambda x=x: cpu_skinny_gemm.kernel_linear(x, weight), 9) * 1e3
-        screened_ms = median_seconds(lambda x=x: screen.top1_logits(x), 9) * 1e3
-        print(
-            f"| {k} | {full_ms:.1f} | {screened_ms:.1f} | {statistics.median(counts):.0f} / {max(counts)} "
-            f"| {mismatches} |"
-        )
+        row = [f"{median_seconds(lambda x=x: cpu_skinny_gemm.kernel_linear(x, weight), 9) * 1e3:.1f}"]
+        for flag in paths.values():
+            os.environ["HF_SPEC_SCREEN_INT8_X"] = flag
+            if k > max_screened_rows():
+                row += ["-", "-", "-"]
+                continue
+            counts, mismatches = [], 0
+            for h in hidden:
+                for s in range(0, h.shape[0] - k + 1, k):
+                    xs = h[s : s + k].contiguous()
+                    counts.append(len(screen.candidates(xs)))
+                    full = cpu_skinny_gemm.kernel_linear(xs, weight)
+                    mismatches += int((screen.top1_logits(xs).argmax(-1) != full.argmax(-1)).sum())
+            screened_ms = median_seconds(lambda x=x: screen.top1_logits(x), 9) * 1e3
+            row += [f"{screened_ms:.1f}", f"{statistics.median(counts):.0f} / {max(counts)}", str(mismatches)]
+        print(f"| {k} | " + " | ".join(row) + " |")
+    os.environ.pop("HF_SPEC_SCREEN_INT8_X", None)
 
 
-def method_ab(model, tokenizer, rows: list[dict], spec: str, max_new_tokens: int) -> None:
+def method_ab(
+    model, tokenizer, rows: list[dict], spec: str, max_new_tokens: int, switch: str = "HF_SPEC_SCREENED_HEAD"
+) -> None:
+    """Generate with `switch` set to "1" (on) and "0" (off), alternating which goes first."""
     decoder = SpeculativeDecoder(parse_method(spec), tokenizer=tokenizer)
     warm = encode(tokenizer, rows[0]["turns"][0])
     for flag in ("1", "0"):
-        os.environ["HF_SPEC_SCREENED_HEAD"] = flag
+        os.environ[switch] = flag
         model.generate(warm, max_new_tokens=16, do_sample=False, custom_generate=decoder)
     total = {"1": 0.0, "0": 0.0}
     verify = {"1": 0.0, "0": 0.0}
@@ -90,7 +100,7 @@ def method_ab(model, tokenizer, rows: list[dict], spec: str, max_new_tokens: int
         ids = encode(tokenizer, row["turns"][0])
         outs = {}
         for flag in ("1", "0") if i % 2 else ("0", "1"):
-            os.environ["HF_SPEC_SCREENED_HEAD"] = flag
+            os.environ[switch] = flag
             start = time.perf_counter()
             outs[flag] = model.generate(
                 ids, max_new_tokens=max_new_tokens, do_sample=False, custom_generate=decoder
@@ -99,13 +109,13 @@ def method_ab(model, tokenizer, rows: list[dict], spec: str, max_new_tokens: int
             verify[flag] += decoder.last_stats.time_verify
         different += int(not torch.equal(outs["1"], outs["0"]))
         print(
-            f"{row['category']}: screened {total['1']:.1f} s (verify {verify['1']:.1f}), "
-            f"full head {total['0']:.1f} s (verify {verify['0']:.1f})",
+            f"{row['category']}: {switch}=1 {total['1']:.1f} s (verify {verify['1']:.1f}), "
+            f"=0 {total['0']:.1f} s (verify {verify['0']:.1f})",
             flush=True,
         )
-    os.environ.pop("HF_SPEC_SCREENED_HEAD", None)
+    os.environ.pop(switch, None)
     print(
-        f"{spec}: time screened / full head {total['1'] / total['0']:.3f}, verification "
+        f"{spec}: time {switch}=1 / =0 {total['1'] / total['0']:.3f}, verification "
         f"{verify['1'] / verify['0']:.3f}; outputs that differ: {different} of {len(rows)}"
     )
 
@@ -114,7 +124,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="qwen2.5-coder-0.5b-instruct")
     parser.add_argument("--head", action="store_true", help="time the LM head alone on real hidden states")
-    parser.add_argument("--method", help="A/B this method with screening on and off")
+    parser.add_argument("--method", help="A/B this method with `--switch` on and off")
+    parser.add_argument(
+        "--switch",
+        default="HF_SPEC_SCREENED_HEAD",
+        choices=("HF_SPEC_SCREENED_HEAD", "HF_SPEC_SCREEN_INT8_X"),
+        help="screening on/off, or x in int8/fp32",
+    )
     parser.add_argument(
         "--prompts", type=int, default=13, help="first prompt of each category, up to this many"
     )
@@ -127,7 +143,7 @@ def main() -> None:
     if args.head:
         head_table(model, tokenizer, rows, min(args.max_new_tokens, 48))
     if args.method:
-        method_ab(model, tokenizer, rows, args.method, args.max_new_tokens)
+        method_ab(model, tokenizer, rows, args.method, args.max_new_tokens, args.switch)
 
 
 if __name__ == "__main__":
