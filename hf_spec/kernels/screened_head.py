@@ -23,7 +23,7 @@ cycle against 16 fp32 FMAs). The first level scores every token, a_j = fl(fl(q_1
 (x . (w_j - s_j q_j) and (x - s_1 q_1) . s_j q_j by Cauchy-Schwarz, three roundings of the product): x's outlier
 channels leave |x - s_1 q_1| at ~2% of |x|, so this keeps ~100 tokens a row (thousands on uncertain rows). The
 second level adds fl(fl(q_2 . q_j) * fl(s_j s_2)) for those tokens only, bound |x|_2 c_j + (|r|_2 + 2^-21 (|s_1
-q_1|_2 + |s_2 q_2|_2)) |s_j q_j|_2 with |r| ~1e-4 |x|: as few candidates as fp32 x. 13 rows: ~6 ms, fp32 head 18 ms.
+q_1|_2 + |s_2 q_2|_2)) |s_j q_j|_2 with |r| ~1e-4 |x|: as few candidates as fp32 x. 13 rows: ~8 ms, fp32 head 18 ms.
 
 Only where nothing but the argmax is read (greedy, no logits processors, no scores returned; stopping criteria are
 then handed no scores, as in plain decoding: `screening_applies`); anything else gets the full fp32 head.
@@ -60,10 +60,8 @@ class Int8Screen:
     q: torch.Tensor  # (N, K) int8
     scale: torch.Tensor  # (N,) fp32
     coef: torch.Tensor  # (N,) fp32, c_j of the module docstring
-    coef_max: float
     qsum: torch.Tensor  # (N,) int32, sum_k q_jk (the VNNI kernel's offset)
     qnorm: torch.Tensor  # (N,) fp32, |s_j q_j|_2 rounded up
-    qnorm_max: float
     version: tuple[int, int]  # the weight's (data_ptr, _version) when built: a changed weight rebuilds
 
     @classmethod
@@ -88,9 +86,7 @@ class Int8Screen:
             coef[start : start + chunk] = c * (1 + 1e-3)
             qsum[start : start + chunk] = qi.sum(dim=1).to(torch.int32)
             qnorm[start : start + chunk] = dq_norm * (1 + 1e-3)
-        return cls(
-            weight, q, scale, coef, float(coef.max()), qsum, qnorm, float(qnorm.max()), _version(weight)
-        )
+        return cls(weight, q, scale, coef, qsum, qnorm, _version(weight))
 
     def candidates(self, x: torch.Tensor) -> torch.Tensor | None:
         """Token ids that may hold some row's argmax of `x @ weight.T`, x `(M, K)` fp32; None without the kernel."""
@@ -221,9 +217,9 @@ def _screened_forward(self: nn.Linear, x: torch.Tensor, owner: int = 0) -> torch
 
 @contextlib.contextmanager
 def screened_lm_head(model: nn.Module, enabled: bool = True) -> Iterator[None]:
-    """Inside the block the model's LM head returns `Int8Screen.top1_logits` for 1..`max_screened_rows()` rows (caller checked
-    `screening_applies`); other row counts, and calls from other threads (an asynchronous drafter's), get the full
-    head (by `skinny_linear`)."""
+    """Inside the block the model's LM head returns `Int8Screen.top1_logits` for 1..`max_screened_rows()` rows
+    (caller checked `screening_applies`); other row counts, and calls from other threads (an asynchronous
+    drafter's), get the full head (by `skinny_linear`)."""
     head = model.get_output_embeddings() if enabled else None
     if head is None or "forward" in head.__dict__:
         yield
