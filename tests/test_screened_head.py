@@ -56,7 +56,20 @@ def x_path(request, monkeypatch):
         monkeypatch.setattr(csg, "has_vnni", lambda: False)
     elif not csg.has_vnni():
         pytest.skip("no AVX512-VNNI on this CPU: x is never quantized here")
+    monkeypatch.setattr(sh, "INT8_X_MIN_WEIGHTS", 0)  # the tests' heads are small
     return request.param
+
+
+def test_small_heads_keep_x_in_fp32(monkeypatch):
+    """x is quantized only for heads large enough that reading them costs more than quantizing (not SmolLM2's)."""
+    monkeypatch.setattr(csg, "has_vnni", lambda: True)
+    assert not sh.int8_x_applies(49152 * 576) and sh.max_screened_rows(49152 * 576) == sh.MAX_ROWS
+    assert sh.int8_x_applies(151936 * 896) and sh.max_screened_rows(151936 * 896) == sh.MAX_ROWS_VNNI
+    monkeypatch.setenv("HF_SPEC_SCREEN_INT8_X", "0")
+    assert not sh.int8_x_applies(151936 * 896)
+    monkeypatch.setattr(csg, "has_vnni", lambda: False)
+    monkeypatch.delenv("HF_SPEC_SCREEN_INT8_X")
+    assert not sh.int8_x_applies(151936 * 896)
 
 
 @pytest.fixture(scope="module")
@@ -200,6 +213,7 @@ def test_greedy_generation_identical_with_and_without_screening(kernel, monkeypa
         return out
 
     monkeypatch.setattr(Int8Screen, "top1_logits", counted)
+    monkeypatch.setattr(sh, "INT8_X_MIN_WEIGHTS", 0)  # x in int8 too where the CPU can (a tiny head)
     kw = dict(max_new_tokens=40, do_sample=False)
     ref = model.generate(ids, **kw)
     screened = model.generate(ids, custom_generate=SpeculativeDecoder(method), **kw)

@@ -47,8 +47,11 @@ from hf_spec.kernels import cpu_skinny_gemm
 from hf_spec.kernels.skinny_linear import skinny_linear
 
 # rows of x screened with fp32 x: from ~9 rows the kernel is compute-bound and stops paying (AMD EPYC, 2 threads);
-# with AVX512-VNNI, from 3 rows x is quantized to int8 too and up to 32 rows are screened
+# with AVX512-VNNI, from 3 rows x is quantized to int8 too and up to 32 rows are screened, for heads of at least
+# INT8_X_MIN_WEIGHTS (Qwen2.5-0.5B's 136M: 13 rows 7.8 against 18.1 ms; SmolLM2's 28M head reads in ~3 ms and the
+# quantization's fixed ~1.5 ms does not pay: 13 rows 3.5 against 2.9 ms, Zen 5)
 MAX_ROWS, MAX_ROWS_VNNI, MIN_ROWS_VNNI = 6, 32, 3
+INT8_X_MIN_WEIGHTS = 64 * 2**20
 _F32_EPS = 2.0**-24
 
 
@@ -91,7 +94,7 @@ class Int8Screen:
     def candidates(self, x: torch.Tensor) -> torch.Tensor | None:
         """Token ids that may hold some row's argmax of `x @ weight.T`, x `(M, K)` fp32; None without the kernel."""
         xn = x.norm(dim=1) * (1 + 1e-4)  # (M,)
-        if x.shape[0] >= MIN_ROWS_VNNI and int8_x_applies():
+        if x.shape[0] >= MIN_ROWS_VNNI and int8_x_applies(self.q.numel()):
             return self._candidates_int8_x(x, xn)
         approx = cpu_skinny_gemm.kernel_linear_int8(x, self.q, self.scale)  # (M, N)
         if approx is None:
@@ -116,7 +119,7 @@ class Int8Screen:
     def top1_logits(self, x: torch.Tensor) -> torch.Tensor | None:
         """Logits `(..., N)` exact (fp32) at the candidates, -inf elsewhere; None where screening does not apply."""
         x2 = x.reshape(-1, x.shape[-1])
-        if not 1 <= x2.shape[0] <= max_screened_rows() or x.dtype != torch.float32:
+        if not 1 <= x2.shape[0] <= max_screened_rows(self.q.numel()) or x.dtype != torch.float32:
             return None
         x2 = x2.contiguous()
         if not bool(torch.isfinite(x2).all()):  # the bound needs finite inputs: the full head decides
@@ -162,15 +165,18 @@ def _within_bound(
     return keep.nonzero().flatten()
 
 
-def max_screened_rows() -> int:
-    """Most rows of x the screen takes on this CPU (`MAX_ROWS_VNNI` where x is quantized, else `MAX_ROWS`)."""
-    return MAX_ROWS_VNNI if int8_x_applies() else MAX_ROWS
+def max_screened_rows(weights: int | None = None) -> int:
+    """Most rows of x the screen of a head with `weights` weights (None: a large one) takes on this CPU
+    (`MAX_ROWS_VNNI` where x is quantized, else `MAX_ROWS`)."""
+    return MAX_ROWS_VNNI if int8_x_applies(weights) else MAX_ROWS
 
 
-def int8_x_applies() -> bool:
-    """Whether x is quantized too: AVX512-VNNI, unless `HF_SPEC_SCREEN_INT8_X=0` (read on every call)."""
+def int8_x_applies(weights: int | None = None) -> bool:
+    """Whether x is quantized too: AVX512-VNNI and a head of at least `INT8_X_MIN_WEIGHTS` weights (None: assume
+    so), unless `HF_SPEC_SCREEN_INT8_X=0` (read on every call)."""
     off = os.environ.get("HF_SPEC_SCREEN_INT8_X", "").strip().lower() in ("0", "false", "no")
-    return not off and cpu_skinny_gemm.has_vnni()
+    large = weights is None or weights >= INT8_X_MIN_WEIGHTS
+    return not off and large and cpu_skinny_gemm.has_vnni()
 
 
 _screens: weakref.WeakKeyDictionary[nn.Module, Int8Screen] = weakref.WeakKeyDictionary()

@@ -5,6 +5,7 @@ from typing import NamedTuple
 
 import torch
 
+from hf_spec.kernels.screened_head import max_screened_rows
 from hf_spec.methods.base import Drafter, RoundResult, SpecState, check_wrappable
 from hf_spec.methods.early_exit.config import EarlyExitConfig
 from hf_spec.methods.retrieval.config import RetrievalConfig
@@ -19,6 +20,13 @@ from hf_spec.registry import get_method, parse_method
 from hf_spec.tree.buffers import DraftTree
 from hf_spec.tree.fusion import fuse_trees, fused_path, matched_depth
 from hf_spec.verify.cache import cache_length, crop_cache
+
+
+def _step_nodes(model) -> int:
+    """Verified nodes (the root aside) up to which a greedy verification reads this model's screened LM head."""
+    head = model.get_output_embeddings()
+    weights = head.weight.numel() if head is not None and hasattr(head, "weight") else None
+    return max_screened_rows(weights) - 1
 
 
 class _Round(NamedTuple):
@@ -77,7 +85,11 @@ class TalonDrafter(Drafter):
         self.worker: DraftWorker | None = None
         self._round: _Round | None = None
         self.switch = (
-            CostAwareSwitch(explore_every=config.explore_every, cost_ratio=config.switch_cost)
+            CostAwareSwitch(
+                explore_every=config.explore_every,
+                cost_ratio=config.switch_cost,
+                step_nodes=_step_nodes(model),
+            )
             if config.switch in ("cost", "best")
             else None
         )
