@@ -366,6 +366,10 @@ def test_support_report_names_what_each_model_can_run():
 
     llama = support_report(build("llama"))
     assert llama["tree verification"].startswith("yes") and llama["hispec"] == "yes"
+    head = llama["greedy verification's LM head"]  # a tiny head: x stays in float32, 6 rows
+    assert head.startswith("yes: int8-screened LM head for 1-6 rows, x in float32") or head.startswith("no:")
+    bf16 = support_report(build("llama").to(torch.bfloat16))["greedy verification's LM head"]
+    assert bf16 == "no: the full LM head: torch.bfloat16 weights (screened in float32 only)"
     gpt2 = support_report(build("gpt2"))
     assert gpt2["pld, retrieval, draft-model, talon (retrieval part)"] == "yes"
     assert gpt2["early-exit, postuse around it, talon's exit drafter"].startswith(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import torch
 from transformers import PreTrainedModel
 
+from hf_spec.kernels.screened_head import int8_x_applies, max_screened_rows, screening_applies
 from hf_spec.models.layers import check_layerwise_forward, decoder_parts
 from hf_spec.verify.compat import check_tree_verification
 from hf_spec.verify.windows import attention_windows
@@ -20,6 +22,22 @@ def _attention(model: PreTrainedModel) -> str:
     )
 
 
+def _greedy_head(model: PreTrainedModel) -> str:
+    """How a greedy verification reads this model's LM head here (`hf_spec.kernels.screened_head`)."""
+    if not screening_applies(model, False, False, False):
+        head = model.get_output_embeddings()
+        weight = getattr(head, "weight", None)
+        why = (
+            f"{weight.dtype} weights (screened in float32 only)"
+            if weight is not None and weight.dtype != torch.float32
+            else "not a bias-free nn.Linear on CPU, or no C++ kernel"
+        )
+        return f"no: the full LM head: {why}"
+    weights = model.get_output_embeddings().weight.numel()
+    x = "in int8 from 3 rows (AVX512-VNNI)" if int8_x_applies(weights) else "in float32"
+    return f"yes: int8-screened LM head for 1-{max_screened_rows(weights)} rows, x {x}; same argmax"
+
+
 def support_report(model: PreTrainedModel) -> dict[str, str]:
     """`{topic: verdict}`: attention layout, tree verification, and each family of methods. A verdict starts with
     "yes" or "no"; the reason follows."""
@@ -34,6 +52,7 @@ def support_report(model: PreTrainedModel) -> dict[str, str]:
         report["tree verification"] = f"no: {err}"
         return report
     report["tree verification"] = "yes: a chain and a tree give the logits of a plain forward"
+    report["greedy verification's LM head"] = _greedy_head(model)
     report["pld, retrieval, draft-model, talon (retrieval part)"] = "yes"
     report["eagle, lyanna (draft heads)"] = (
         "yes, once a head is trained for this model (hf-spec train eagle|lyanna)"
