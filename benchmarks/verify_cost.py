@@ -10,6 +10,7 @@ import contextlib
 import os
 import statistics
 import time
+from unittest import mock
 
 import torch
 from transformers import DynamicCache
@@ -85,16 +86,8 @@ def _screen(model, int8_x: str | None):
     if int8_x is None:
         yield
         return
-    old = os.environ.get("HF_SPEC_SCREEN_INT8_X")
-    os.environ["HF_SPEC_SCREEN_INT8_X"] = int8_x
-    try:
-        with screened_lm_head(model):
-            yield
-    finally:
-        if old is None:
-            os.environ.pop("HF_SPEC_SCREEN_INT8_X")
-        else:
-            os.environ["HF_SPEC_SCREEN_INT8_X"] = old
+    with mock.patch.dict(os.environ, {"HF_SPEC_SCREEN_INT8_X": int8_x}), screened_lm_head(model):
+        yield
 
 
 if __name__ == "__main__":

@@ -357,16 +357,12 @@ static const TileI8Fn kI8Scalar[4][6] = HF_TABLE(tile_i8_scalar);
 static const TileI8Fn kI8Avx2[4][6] = HF_TABLE(tile_i8_avx2);
 static const TileI8Fn kI8Avx2Wide[2][6] = {HF_ROW(tile_i8_avx2_wide, 1), HF_ROW(tile_i8_avx2_wide, 2)};
 
-void skinny_gemm_i8(const float* x, const int8_t* q, const float* scale, float* y, int64_t M, int64_t N, int64_t K,
-                    int isa) {
-  // AVX-512 CPUs take the AVX2 paths: tiles of 4 rows of q and 3 of x, but 2 rows of q against 4-5 rows of x
-  // (measured on the AMD EPYC, 151,936 x 896: 4 rows 14.0 -> 12.1 ms; 6 and 9 rows were slower in one wide chunk)
-  const bool simd = isa >= kIsaAvx2, wide = simd && (M == 4 || M == 5);
-  const TileI8Fn(*table)[6] = wide ? kI8Avx2Wide : simd ? kI8Avx2 : kI8Scalar;
-  const int mr_max = wide ? 6 : simd ? MR_AVX2 : MR_SCALAR;
-  const int64_t nr_tile = wide ? 2 : NR;
+// Tiles of `nr_tile` rows of q (N rows in all), each against all M rows of x in chunks of at most `mr_max` rows
+// (split evenly), over torch's threads: tile(n, nr, m, mr, npf) runs rows [n, n + nr) of q against rows [m, m + mr)
+// of x while prefetching `npf` rows of the next tile (during a tile's first chunk).
+template <typename Tile>
+void over_q_tiles(int64_t M, int64_t N, int64_t nr_tile, int mr_max, int64_t per_tile, Tile tile) {
   const int64_t tiles = (N + nr_tile - 1) / nr_tile;
-  const int64_t per_tile = nr_tile * K * std::max<int64_t>(M, 4);
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(per_tile, 1));
   const int64_t chunks = (M + mr_max - 1) / mr_max;
   at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
@@ -375,14 +371,28 @@ void skinny_gemm_i8(const float* x, const int8_t* q, const float* scale, float* 
       const int64_t nr = std::min<int64_t>(nr_tile, n1 - n);
       const int npf = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(nr_tile, n1 - (n + nr_tile))));
       int64_t m = 0;
-      for (int64_t c = 0; c < chunks; ++c) {  // the next tile is prefetched during the first chunk
+      for (int64_t c = 0; c < chunks; ++c) {
         const int64_t mr = (M - m) / (chunks - c);
-        table[nr - 1][mr - 1](q + n * K, scale + n, x + m * K, K, N, y + m * N + n, q + (n + nr_tile) * K,
-                              c == 0 ? npf : 0);
+        tile(n, nr, m, mr, c == 0 ? npf : 0);
         m += mr;
       }
     }
   });
+}
+
+void skinny_gemm_i8(const float* x, const int8_t* q, const float* scale, float* y, int64_t M, int64_t N, int64_t K,
+                    int isa) {
+  // AVX-512 CPUs take the AVX2 paths: tiles of 4 rows of q and 3 of x, but 2 rows of q against 4-5 rows of x
+  // (measured on the AMD EPYC, 151,936 x 896: 4 rows 14.0 -> 12.1 ms; 6 and 9 rows were slower in one wide chunk)
+  const bool simd = isa >= kIsaAvx2, wide = simd && (M == 4 || M == 5);
+  const TileI8Fn(*table)[6] = wide ? kI8Avx2Wide : simd ? kI8Avx2 : kI8Scalar;
+  const int mr_max = wide ? 6 : simd ? MR_AVX2 : MR_SCALAR;
+  const int64_t nr_tile = wide ? 2 : NR;
+  over_q_tiles(M, N, nr_tile, mr_max, nr_tile * K * std::max<int64_t>(M, 4),
+               [&](int64_t n, int64_t nr, int64_t m, int64_t mr, int npf) {
+                 table[nr - 1][mr - 1](q + n * K, scale + n, x + m * K, K, N, y + m * N + n, q + (n + nr_tile) * K,
+                                       npf);
+               });
 }
 
 // ------------------------------------------------------------------------------------------------ u8 x s8 (VNNI)
@@ -469,24 +479,12 @@ bool has_vnni() {
 
 void skinny_gemm_u8s8(const uint8_t* xu, const float* xs, const int8_t* q, const int32_t* qsum,
                       const float* scale, float* y, int64_t M, int64_t N, int64_t K) {
-  const int64_t tiles = (N + NR - 1) / NR;
-  const int64_t per_tile = NR * K * std::max<int64_t>(M, 4) / 4;  // 4 products per lane and instruction
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(per_tile, 1));
-  const int64_t chunks = (M + MR_AVX512 - 1) / MR_AVX512;
-  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
-    const int64_t n1 = std::min(N, t1 * NR);
-    for (int64_t n = t0 * NR; n < n1; n += NR) {
-      const int64_t nr = std::min<int64_t>(NR, n1 - n);
-      const int npf = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(NR, n1 - (n + NR))));
-      int64_t m = 0;
-      for (int64_t c = 0; c < chunks; ++c) {  // the next tile is prefetched during the first chunk
-        const int64_t mr = (M - m) / (chunks - c);
-        kU8Vnni[nr - 1][mr - 1](q + n * K, qsum + n, scale + n, xu + m * K, xs + m, K, N, y + m * N + n,
-                                q + (n + NR) * K, c == 0 ? npf : 0);
-        m += mr;
-      }
-    }
-  });
+  // 4 products per lane and instruction
+  over_q_tiles(M, N, NR, MR_AVX512, NR * K * std::max<int64_t>(M, 4) / 4,
+               [&](int64_t n, int64_t nr, int64_t m, int64_t mr, int npf) {
+                 kU8Vnni[nr - 1][mr - 1](q + n * K, qsum + n, scale + n, xu + m * K, xs + m, K, N, y + m * N + n,
+                                         q + (n + NR) * K, npf);
+               });
 }
 
 // ------------------------------------------------------------------------------------------------ screening
@@ -511,6 +509,24 @@ void select_within(const float* a, const float* floor, const float* ew, const fl
 }  // namespace
 
 // ------------------------------------------------------------------------------------------------ Python module
+// run `work()` with the GIL released; None, or RuntimeError("<name> failed") if it threw
+template <typename Work>
+PyObject* without_gil(const char* name, Work work) {
+  bool failed = false;
+  Py_BEGIN_ALLOW_THREADS
+  try {
+    work();
+  } catch (...) {
+    failed = true;
+  }
+  Py_END_ALLOW_THREADS
+  if (failed) {
+    PyErr_Format(PyExc_RuntimeError, "%s failed", name);
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
 // Parse (ptr0, ptr1, ptr2, ptr3, M, N, K, isa) and run `gemm(ptrs, M, N, K, isa)` without the GIL; ptr2 may be 0
 // where `ptr2_optional` (a bias), the others may not.
 template <typename Gemm>
@@ -524,19 +540,7 @@ PyObject* run_gemm(PyObject* args, const char* name, bool ptr2_optional, Gemm ge
     return nullptr;
   }
   if (isa < 0 || isa > best_isa()) isa = best_isa();
-  bool failed = false;
-  Py_BEGIN_ALLOW_THREADS
-  try {
-    gemm(p, M, N, K, isa);
-  } catch (...) {
-    failed = true;
-  }
-  Py_END_ALLOW_THREADS
-  if (failed) {
-    PyErr_Format(PyExc_RuntimeError, "%s failed", name);
-    return nullptr;
-  }
-  Py_RETURN_NONE;
+  return without_gil(name, [&] { gemm(p, M, N, K, isa); });
 }
 
 static PyObject* py_gemm(PyObject*, PyObject* args) {
@@ -564,21 +568,11 @@ static PyObject* py_gemm_u8s8(PyObject*, PyObject* args) {
     PyErr_SetString(PyExc_ValueError, "gemm_u8s8: bad shape, null pointer or no AVX512-VNNI");
     return nullptr;
   }
-  bool failed = false;
-  Py_BEGIN_ALLOW_THREADS
-  try {
+  return without_gil("gemm_u8s8", [&] {
     skinny_gemm_u8s8(reinterpret_cast<const uint8_t*>(p[0]), reinterpret_cast<const float*>(p[1]),
                      reinterpret_cast<const int8_t*>(p[2]), reinterpret_cast<const int32_t*>(p[3]),
                      reinterpret_cast<const float*>(p[4]), reinterpret_cast<float*>(p[5]), M, N, K);
-  } catch (...) {
-    failed = true;
-  }
-  Py_END_ALLOW_THREADS
-  if (failed) {
-    PyErr_SetString(PyExc_RuntimeError, "gemm_u8s8 failed");
-    return nullptr;
-  }
-  Py_RETURN_NONE;
+  });
 }
 
 // (a_ptr, floor_ptr, ew_ptr, eq_ptr, coef_ptr, qn_ptr, keep_ptr, M, N): `select_within`, without the GIL
@@ -590,13 +584,12 @@ static PyObject* py_select_within(PyObject*, PyObject* args) {
     PyErr_SetString(PyExc_ValueError, "select_within: bad shape or null pointer");
     return nullptr;
   }
-  Py_BEGIN_ALLOW_THREADS
-  select_within(reinterpret_cast<const float*>(p[0]), reinterpret_cast<const float*>(p[1]),
-                reinterpret_cast<const float*>(p[2]), reinterpret_cast<const float*>(p[3]),
-                reinterpret_cast<const float*>(p[4]), reinterpret_cast<const float*>(p[5]),
-                reinterpret_cast<uint8_t*>(p[6]), M, N);
-  Py_END_ALLOW_THREADS
-  Py_RETURN_NONE;
+  return without_gil("select_within", [&] {
+    select_within(reinterpret_cast<const float*>(p[0]), reinterpret_cast<const float*>(p[1]),
+                  reinterpret_cast<const float*>(p[2]), reinterpret_cast<const float*>(p[3]),
+                  reinterpret_cast<const float*>(p[4]), reinterpret_cast<const float*>(p[5]),
+                  reinterpret_cast<uint8_t*>(p[6]), M, N);
+  });
 }
 
 static PyObject* py_best_isa(PyObject*, PyObject*) { return PyLong_FromLong(best_isa()); }
