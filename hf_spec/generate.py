@@ -219,7 +219,7 @@ def speculative_generate(
                         model, tree_attention_mask(tree, past, model.dtype, device), position_ids
                     )
                 # the stock full target forward, unless the drafter continues one it began (HiSpec)
-                with screened_lm_head(model, enabled=screen and len(tree) > 0):
+                with screened_lm_head(model, enabled=screen):
                     out = drafter.verify_forward(state, tree, verify_ids, position_ids, mask, want_hidden)
                 logits = out.logits[0].float()  # [num_nodes + 1, vocab_size]
                 t2 = time.perf_counter()

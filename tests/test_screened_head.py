@@ -8,9 +8,13 @@ import pytest
 import torch
 
 from hf_spec import SpeculativeDecoder
+from hf_spec.config import MethodConfig
 from hf_spec.kernels import cpu_skinny_gemm as csg
 from hf_spec.kernels import screened_head as sh
+from hf_spec.kernels import skinny_linear as sl
 from hf_spec.kernels.screened_head import Int8Screen, screened_lm_head, screening_applies
+from hf_spec.methods.base import Drafter
+from hf_spec.tree.buffers import DraftTree
 from tests.conftest import make_tiny_model, prompt_ids
 
 
@@ -223,6 +227,33 @@ def test_greedy_generation_identical_with_and_without_screening(kernel, monkeypa
     full = model.generate(ids, custom_generate=SpeculativeDecoder(method), **kw)
     assert not calls
     assert torch.equal(screened, ref) and torch.equal(full, ref)
+
+
+class _NoDrafts(Drafter):
+    """Proposes nothing: every round is a plain one-row step of the loop."""
+
+    def propose(self, state, max_depth: int) -> DraftTree:
+        return DraftTree.empty()
+
+
+def test_rounds_without_a_draft_use_the_kernels_and_the_screen(kernel, monkeypatch):
+    """A round whose tree is empty (pld or retrieval without a match) is a one-row step: it ran on the stock
+    float32 linears until session 22 (~2x a kernel step on an AMD EPYC)."""
+    model = make_tiny_model("llama", layers=2)
+    ids = prompt_ids(12, model.config.vocab_size)
+    rows = {"kernel": [], "screen": []}
+    real_linear, real_top1 = sl.skinny_linear, Int8Screen.top1_logits
+    monkeypatch.setattr(
+        sl, "skinny_linear", lambda x, w, b=None: rows["kernel"].append(x.shape[-2]) or real_linear(x, w, b)
+    )
+    monkeypatch.setattr(
+        Int8Screen, "top1_logits", lambda self, x: rows["screen"].append(x.shape[-2]) or real_top1(self, x)
+    )
+    kw = dict(max_new_tokens=6, do_sample=False)
+    out = model.generate(ids, custom_generate=SpeculativeDecoder(_NoDrafts(MethodConfig(), model)), **kw)
+    assert torch.equal(out, model.generate(ids, **kw))
+    assert rows["screen"] == [1] * 6  # one screened row a round
+    assert rows["kernel"].count(1) >= 6 * 2 * 7  # every linear of both layers, every round
 
 
 def test_non_finite_rows_fall_back_to_the_full_head(kernel):

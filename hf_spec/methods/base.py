@@ -126,7 +126,7 @@ class Drafter(ABC):
             attention_mask: additive 4D tree mask `(1, 1, num_nodes + 1, past + num_nodes + 1)`, `None` for a
                 chain (causal).
         """
-        with fast_linears(state.model, enabled=len(tree) > 0):
+        with fast_linears(state.model):
             return state.model(
                 input_ids=input_ids,
                 position_ids=position_ids,

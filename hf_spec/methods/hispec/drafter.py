@@ -197,7 +197,7 @@ class HiSpecDrafter(Drafter):
             raise RuntimeError("hispec: asked to verify a tree it did not propose")
         hidden = torch.cat(rnd.hidden, dim=1)  # [1, 1 + len(tree), hidden_size]
         mask = causal_block_mask(rnd.past, hidden.shape[1], hidden.dtype, hidden.device)
-        with fast_linears(state.model, enabled=len(tree) > 0):
+        with fast_linears(state.model):
             h = run_layers(
                 self.parts, hidden, position_ids, state.cache, self.verify_layer, self.parts.num_layers, mask
             )
