@@ -3,6 +3,7 @@ brute-force recompute at every step, exit-head training, save/load and mismatch 
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
@@ -257,10 +258,68 @@ def test_lossless_with_trained_heads(trained_heads, spec):
     assert torch.equal(model.generate(ids, max_new_tokens=40, do_sample=False, custom_generate=dec), ref)
 
 
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_quantized_early_exit_drafting_is_lossless(trained_heads, monkeypatch, scheme):
+    """Packed draft weights (the drafting layers and the exit's LM-head rows) change only what is drafted: the output
+    equals plain greedy decoding, also with Post-use's step-wise drafting around it, and the target's own linears
+    are left unpatched."""
+    from hf_spec.kernels.weight_only import QuantizedWeight
+    from hf_spec.methods.postuse.config import PostUseConfig
+
+    model, _, folder, *_ = trained_heads
+    rows = []
+    real = QuantizedWeight.linear
+    monkeypatch.setattr(
+        QuantizedWeight, "linear", lambda self, x, b=None: rows.append(x.shape[-2]) or real(self, x, b)
+    )
+    cfg = EarlyExitConfig(exit_layer=3, num_draft_tokens=3, exit_heads=str(folder), quantize=scheme)
+    for method in (cfg, PostUseConfig(drafter=cfg.to_dict(), draft_length=3)):
+        for seed in (11, 12):
+            ids = prompt_ids(12, seed=seed)
+            ref = model.generate(ids, max_new_tokens=40, do_sample=False)
+            dec = SpeculativeDecoder(method)
+            assert torch.equal(
+                model.generate(ids, max_new_tokens=40, do_sample=False, custom_generate=dec), ref
+            )
+            assert dec.last_stats.accepted_tokens > 0
+    drafter = SpeculativeDecoder(cfg).drafter_for(model)
+    assert len(drafter.quantized) == 3 * 7 and drafter.exits.head_int8 is not None  # 3 layers x 7 linears
+    assert rows and all("forward" not in m.__dict__ for m in model.modules())
+    with pytest.raises(ValueError, match="quantize must be"):
+        EarlyExitConfig(quantize="int3")
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_talon_exit_drafter_takes_the_configs_heads_and_draft_weights(
+    trained_heads, tmp_path, monkeypatch, mode
+):
+    """Talon's own-cache exit chain reads the early-exit config's exit heads and packed draft weights (before
+    session 22 it silently used the stock final norm + LM head); in async mode the target's verification on the
+    main thread must still read its own weights while the worker drafts with the packed ones."""
+    from hf_spec.heads.exits.model import ExitLM
+    from hf_spec.methods.talon.config import TalonConfig
+
+    model, _, folder, *_ = trained_heads
+    path = tmp_path / "ee.json"
+    cfg = EarlyExitConfig(exit_layer=3, num_draft_tokens=3, exit_heads=str(folder), quantize="int8")
+    path.write_text(json.dumps(cfg.to_dict()))
+    layers = []
+    real = ExitLM.logits
+    monkeypatch.setattr(ExitLM, "logits", lambda self, layer, h: layers.append(layer) or real(self, layer, h))
+    dec = SpeculativeDecoder(TalonConfig(retrieval=None, drafter=str(path), mode=mode))
+    for seed in (11, 12):
+        ids = prompt_ids(12, seed=seed)
+        ref = model.generate(ids, max_new_tokens=40, do_sample=False)
+        assert torch.equal(model.generate(ids, max_new_tokens=40, do_sample=False, custom_generate=dec), ref)
+    chain = dec.drafter_for(model).chain
+    assert layers and set(layers) == {3} and len(chain.quantized) == 3 * 7
+    assert dec.last_stats.accepted_tokens > 0
+
+
 def test_name_colon_config_json_parses(tmp_path):
     cfg = HiSpecConfig(draft_layer=2, verify_layer=5)
     path = tmp_path / "h.json"
-    path.write_text(__import__("json").dumps(cfg.to_dict()))
+    path.write_text(json.dumps(cfg.to_dict()))
     assert parse_method(f"hispec:{path}") == cfg
     with pytest.raises(ValueError, match="not 'early-exit'"):
         parse_method(f"early-exit:{path}")

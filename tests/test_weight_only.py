@@ -28,6 +28,20 @@ def test_packed_matmul_is_the_dequantized_weight(scheme, tolerance, dtype):
     assert torch.equal(q.linear(many), nn.functional.linear(many, weight))
 
 
+def test_float32_int8_runs_the_cpp_kernel_in_float32():
+    """float32 x against int8 weights: hf-spec's kernel sums in float32 (tight), torch's int8 kernel in bfloat16."""
+    from hf_spec.kernels import cpu_skinny_gemm as csg
+
+    if csg.load_kernel() is None:
+        pytest.skip("C++ kernel not buildable here: torch's int8 kernel is used (tested above)")
+    torch.manual_seed(3)
+    q = QuantizedWeight.from_weight(torch.randn(40, 96), "int8", max_rows=32)
+    for x in (torch.randn(1, 5, 96), torch.randn(32, 96)):  # 5 and 32 rows
+        assert torch.allclose(
+            q.linear(x), x @ q.dequantize().t(), rtol=1e-5, atol=1e-4
+        )  # not bfloat16's ~1e-2
+
+
 def test_int4_reference_dequantization():
     """Per group of 64 inputs: 16 levels from the group's min to its max (plain loop reference)."""
     torch.manual_seed(1)

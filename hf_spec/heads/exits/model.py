@@ -20,6 +20,7 @@ from transformers import PreTrainedModel
 
 from hf_spec.heads.exits.config import MODEL_TYPE, ExitHeadsConfig
 from hf_spec.kernels.skinny_linear import skinny_linear
+from hf_spec.kernels.weight_only import QuantizedWeight
 from hf_spec.models.fingerprint import check_fingerprint, target_fingerprint
 from hf_spec.models.layers import DecoderParts, decoder_parts
 from hf_spec.output_folder import check_output_folder, holds_model_type
@@ -158,6 +159,13 @@ class ExitLM:
                 )
             self.vocab = heads.draft_vocab.to(parts.lm_head.weight.device)
             self.vocab_weight = parts.lm_head.weight.detach()[self.vocab].contiguous()
+        self.head_int8: QuantizedWeight | None = None  # `quantize_head`: drafts read an int8 copy
+
+    def quantize_head(self) -> None:
+        """Compute the exit logits with an int8 copy of the LM-head rows used (drafts only: never the final
+        verification's logits)."""
+        weight = self.parts.lm_head.weight.detach() if self.vocab_weight is None else self.vocab_weight
+        self.head_int8 = QuantizedWeight.from_weight(weight, "int8", max_rows=32)
 
     def check_layers(self, *layers: int) -> None:
         if self.heads is not None:
@@ -173,8 +181,12 @@ class ExitLM:
             hidden = self.heads(layer, hidden)
         hidden = self.parts.norm(hidden)
         if self.vocab is None:
-            return self.parts.lm_head(hidden)
-        sub = skinny_linear(hidden, self.vocab_weight)  # [1, q_len, V']
+            return self.parts.lm_head(hidden) if self.head_int8 is None else self.head_int8.linear(hidden)
+        sub = (
+            skinny_linear(hidden, self.vocab_weight)
+            if self.head_int8 is None
+            else self.head_int8.linear(hidden)
+        )
         logits = sub.new_full((*sub.shape[:-1], self.parts.lm_head.weight.shape[0]), float("-inf"))
         logits[..., self.vocab] = sub
         return logits

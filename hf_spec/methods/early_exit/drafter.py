@@ -1,16 +1,34 @@
 from __future__ import annotations
 
-import torch
+import contextlib
 
-from hf_spec.heads.exits.model import load_exit_lm
+import torch
+from torch import nn
+
+from hf_spec.heads.exits.model import ExitLM, load_exit_lm
 from hf_spec.kernels.skinny_linear import fast_linears
+from hf_spec.kernels.weight_only import QuantizedWeight, quantize_linears, quantized_linears
 from hf_spec.methods.base import Drafter, SpecState
 from hf_spec.methods.common import chain_with_siblings
 from hf_spec.methods.early_exit.config import EarlyExitConfig
 from hf_spec.methods.stepwise import StepwiseDrafter
-from hf_spec.models.layers import decoder_parts, run_layers
+from hf_spec.models.layers import DecoderParts, decoder_parts, run_layers
 from hf_spec.tree.buffers import DraftTree
 from hf_spec.verify.cache import cache_length, compact_cache, crop_cache
+
+
+def quantize_draft_layers(
+    parts: DecoderParts, exit_layer: int, scheme: str, exits: ExitLM | None = None
+) -> dict[nn.Linear, QuantizedWeight]:
+    """Packed `scheme` copies of the linears of layers `[0, exit_layer)` (and an int8 copy of the exit's LM-head
+    rows in `exits`) for drafting; `{}` when `scheme` is empty."""
+    quantized: dict[nn.Linear, QuantizedWeight] = {}
+    if scheme:
+        for layer in parts.layers[:exit_layer]:
+            quantized.update(quantize_linears(layer, scheme, max_rows=32))
+        if exits is not None:
+            exits.quantize_head()
+    return quantized
 
 
 class EarlyExitDrafter(Drafter, StepwiseDrafter):
@@ -28,6 +46,14 @@ class EarlyExitDrafter(Drafter, StepwiseDrafter):
             )
         self.exits = load_exit_lm(model, config.exit_heads or None, config.draft_vocab)
         self.exits.check_layers(self.exit_layer)
+        self.quantized = quantize_draft_layers(self.parts, self.exit_layer, config.quantize, self.exits)
+
+    def _draft_weights(self):
+        """The drafting layers' linears: packed copies (`quantize`), else hf-spec's float32 kernels."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(quantized_linears(self.quantized))  # first: `fast_linears` skips patched modules
+        stack.enter_context(fast_linears(self.model))
+        return stack
 
     def begin(self, state: SpecState) -> None:
         self.parts.check_window(state.generation_config.max_length, "early exit")
@@ -45,21 +71,26 @@ class EarlyExitDrafter(Drafter, StepwiseDrafter):
         chain: list[int] = []
         siblings: list[list[int]] = []
         try:
-            with fast_linears(self.model):  # same kernels as the step-wise path (`_step_forward`)
+            with self._draft_weights():  # same weights as the step-wise path (`_step_forward`)
                 for step in range(depth):
                     position_ids = torch.tensor([[past + step]], device=token.device)
                     hidden = run_layers(
                         parts, parts.embed_tokens(token), position_ids, state.cache, 0, self.exit_layer
                     )
                     logits = self.exits.logits(self.exit_layer, hidden)[0, -1].float()
-                    top = torch.topk(logits, cfg.siblings + 1)
-                    chain.append(int(top.indices[0]))
-                    siblings.append(top.indices[1:].tolist())
+                    # argmax: ~20x faster than topk(k=1) over a 151,936-token vocabulary
+                    best = (
+                        torch.topk(logits, cfg.siblings + 1).indices
+                        if cfg.siblings
+                        else logits.argmax().view(1)
+                    )
+                    chain.append(int(best[0]))
+                    siblings.append(best[1:].tolist())
                     if cfg.min_confidence > 0:
-                        prob = torch.softmax(logits, dim=-1)[top.indices[0]]
+                        prob = torch.softmax(logits, dim=-1)[best[0]]
                         if float(prob) < cfg.min_confidence:
                             break
-                    token = top.indices[:1].view(1, 1)
+                    token = best[:1].view(1, 1)
         finally:
             crop_cache(state.cache, past, range(self.exit_layer))
         return chain_with_siblings(chain, siblings if cfg.siblings else None)
@@ -71,7 +102,7 @@ class EarlyExitDrafter(Drafter, StepwiseDrafter):
 
     def _step_forward(self, ids, position_ids, mask) -> torch.Tensor:
         parts, cache = self.parts, self._step_cache
-        with fast_linears(self.model):
+        with self._draft_weights():
             hidden = run_layers(parts, parts.embed_tokens(ids), position_ids, cache, 0, self.exit_layer, mask)
             return self.exits.logits(self.exit_layer, hidden)[0].float()
 

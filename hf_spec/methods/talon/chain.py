@@ -8,12 +8,15 @@ text: when the target commits a prefix of them, the rest is the next draft for f
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 
 import torch
+from torch import nn
 from transformers import DynamicCache
 
 from hf_spec.datastore.sources import ExitHead
 from hf_spec.kernels.skinny_linear import fast_linears
+from hf_spec.kernels.weight_only import QuantizedWeight, quantized_linears
 from hf_spec.models.layers import decoder_parts, run_layers
 from hf_spec.tree.buffers import causal_mask
 from hf_spec.verify.cache import crop_cache
@@ -21,13 +24,20 @@ from hf_spec.verify.cache import crop_cache
 
 class ExitChain:
     """Greedy drafts from layers `[0, exit_layer)` of the target followed by `head` (default: the target's final
-    norm + LM head; trained exit heads plug in here).
+    norm + LM head; trained exit heads plug in here), the layers' linears packed where `quantized` has them.
 
     Protocol: `begin(cache, tokens)` -> (`sync(committed)` -> `draft(n)`)* ; every call from one thread at a
     time (the `talon` drafter waits for the worker before touching it).
     """
 
-    def __init__(self, model, exit_layer: int, head: ExitHead | None = None, min_confidence: float = 0.0):
+    def __init__(
+        self,
+        model,
+        exit_layer: int,
+        head: ExitHead | None = None,
+        min_confidence: float = 0.0,
+        quantized: Mapping[nn.Linear, QuantizedWeight] | None = None,
+    ):
         self.parts = decoder_parts(model)
         if not 0 < exit_layer < self.parts.num_layers:
             raise ValueError(f"exit_layer must be in [1, {self.parts.num_layers - 1}], got {exit_layer}")
@@ -35,6 +45,9 @@ class ExitChain:
         self.exit_layer = exit_layer
         self.head = head or (lambda h: self.parts.lm_head(self.parts.norm(h)))
         self.min_confidence = min_confidence
+        self.quantized = (
+            quantized or {}
+        )  # packed draft weights of the layers (its cache is its own: lossless)
         self.cache: DynamicCache | None = None
         self.seq: list[int] = []  # committed tokens + drafted ones
         self.cached = 0  # positions of `seq` whose keys/values are in `cache`
@@ -89,7 +102,7 @@ class ExitChain:
         q = ids.shape[1]
         positions = torch.arange(self.cached, self.cached + q, device=device).unsqueeze(0)
         mask = causal_mask(q, self.cached, self.model.dtype, device) if q > 1 else None
-        with fast_linears(self.model):
+        with quantized_linears(self.quantized), fast_linears(self.model):
             hidden = run_layers(
                 parts, parts.embed_tokens(ids), positions, self.cache, 0, self.exit_layer, mask
             )

@@ -1,13 +1,16 @@
 from __future__ import annotations
 
+import functools
 import time
 from typing import NamedTuple
 
 import torch
 
+from hf_spec.heads.exits.model import load_exit_lm
 from hf_spec.kernels.screened_head import max_screened_rows
 from hf_spec.methods.base import Drafter, RoundResult, SpecState, check_wrappable
 from hf_spec.methods.early_exit.config import EarlyExitConfig
+from hf_spec.methods.early_exit.drafter import quantize_draft_layers
 from hf_spec.methods.retrieval.config import RetrievalConfig
 from hf_spec.methods.retrieval.retriever import Retriever
 from hf_spec.methods.talon.chain import ExitChain
@@ -70,7 +73,15 @@ class TalonDrafter(Drafter):
             if isinstance(sub_config, EarlyExitConfig):
                 layers = decoder_parts(model).num_layers
                 layer = sub_config.exit_layer or max(1, round(0.75 * layers))
-                self.chain = ExitChain(model, layer, min_confidence=sub_config.min_confidence)
+                exits = load_exit_lm(model, sub_config.exit_heads or None, sub_config.draft_vocab)
+                exits.check_layers(layer)
+                self.chain = ExitChain(
+                    model,
+                    layer,
+                    head=functools.partial(exits.logits, layer),
+                    min_confidence=sub_config.min_confidence,
+                    quantized=quantize_draft_layers(exits.parts, layer, sub_config.quantize, exits),
+                )
                 self.chain_len = sub_config.num_draft_tokens
             else:
                 if config.mode == "async":
