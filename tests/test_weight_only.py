@@ -18,28 +18,42 @@ def test_packed_matmul_is_the_dequantized_weight(scheme, tolerance, dtype):
     q = QuantizedWeight.from_weight(weight, scheme)
     deq = q.dequantize()
     assert (deq - weight.float()).norm() / weight.float().norm() < tolerance  # a faithful approximation
-    x = torch.randn(2, 3, 128, dtype=dtype)
+    x = torch.randn(2, 1, 128, dtype=dtype)  # 2 rows: from 3, float32 x meets int8 as int8 (tested below)
     bias = torch.randn(48, dtype=dtype)
     y = q.linear(x, bias)
-    assert y.shape == (2, 3, 48) and y.dtype == dtype
+    assert y.shape == (2, 1, 48) and y.dtype == dtype
     ref = x.float() @ deq.t() + bias.float()
     assert torch.allclose(y.float(), ref, rtol=0.02, atol=0.1)  # float32 inputs are computed in bfloat16
     many = torch.randn(q.max_rows + 1, 128, dtype=dtype)  # past max_rows: the original weight, exactly
     assert torch.equal(q.linear(many), nn.functional.linear(many, weight))
 
 
-def test_float32_int8_runs_the_cpp_kernel_in_float32():
-    """float32 x against int8 weights: hf-spec's kernel sums in float32 (tight), torch's int8 kernel in bfloat16."""
+def test_float32_int8_runs_hf_specs_kernels():
+    """float32 x against int8 weights: 1-2 rows sum in float32 (tight; torch's int8 kernel works in bfloat16), from
+    `W8A8_MIN_ROWS` rows on AVX512-VNNI each row of x is quantized to int8 too (exact integer sums of the quantized
+    values), else float32 again."""
     from hf_spec.kernels import cpu_skinny_gemm as csg
+    from hf_spec.kernels.weight_only import W8A8_MIN_ROWS
 
     if csg.load_kernel() is None:
         pytest.skip("C++ kernel not buildable here: torch's int8 kernel is used (tested above)")
     torch.manual_seed(3)
     q = QuantizedWeight.from_weight(torch.randn(40, 96), "int8", max_rows=32)
-    for x in (torch.randn(1, 5, 96), torch.randn(32, 96)):  # 5 and 32 rows
-        assert torch.allclose(
-            q.linear(x), x @ q.dequantize().t(), rtol=1e-5, atol=1e-4
-        )  # not bfloat16's ~1e-2
+    assert torch.equal(q.qsum, q.packed.sum(dim=1, dtype=torch.int32))
+    deq = q.dequantize()
+    for x in (torch.randn(1, 96), torch.randn(1, 2, 96), torch.randn(1, 5, 96), torch.randn(32, 96)):
+        rows = x.numel() // 96
+        if rows >= W8A8_MIN_ROWS and csg.has_vnni():
+            x2 = x.reshape(rows, 96)
+            step = x2.abs().amax(dim=1, keepdim=True) / 127
+            x = ((x2 / step).round().clamp(-127, 127) * step).view(x.shape)  # what the kernel multiplies
+            assert not torch.allclose(x, x2.view(x.shape), atol=1e-6)  # (quantizing did change x)
+        assert torch.allclose(q.linear(x), x @ deq.t(), rtol=1e-5, atol=1e-4)  # not bfloat16's ~1e-2
+    w8a8 = csg.kernel_linear_w8a8
+    assert w8a8(torch.randn(33, 96), q.packed, q.qsum, q.scales) is None  # more rows than the kernel takes
+    assert w8a8(torch.randn(4, 96, dtype=torch.float64), q.packed, q.qsum, q.scales) is None
+    assert w8a8(torch.randn(4, 96), q.packed, q.qsum[:-1], q.scales) is None
+    assert w8a8(torch.randn(4, 95), q.packed, q.qsum, q.scales) is None
 
 
 def test_int4_reference_dequantization():

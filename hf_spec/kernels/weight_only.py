@@ -7,9 +7,10 @@ asymmetric scale and zero each) quarters them; torch's CPU kernels (`_weight_int
 `_weight_int4pack_mm_for_cpu`) compute in bfloat16 (float32 inputs are cast: the kernels' float32 path is 16-50x
 slower). Measured (torch 2.13, 2 threads, weights evicted
 from cache first): a (4864, 896) matmul with 4 rows takes 1.02 ms in bf16, 0.33 ms in int4. For float32 inputs of
-1-32 rows int8 runs hf-spec's own kernel instead (`kernel_linear_int8`: the int8 weights widened in registers, x and
-the sums in float32), where it builds: on a 2-core AMD EPYC the linears of 22 Qwen2.5-0.5B layers take 8.5 ms a row
-against 12.8 (torch's int8), 9.0 (int4) and 26.5 (float32 kernel).
+1-32 rows int8 runs hf-spec's own kernels instead, where they build: 1-2 rows `kernel_linear_int8` (the int8 weights
+widened in registers, x and the sums in float32; on a 2-core AMD EPYC the linears of 22 Qwen2.5-0.5B layers take
+8.5 ms a row against 12.8 for torch's int8, 9.0 for int4 and 26.5 for the float32 kernel), 3-32 rows on AVX512-VNNI
+`kernel_linear_w8a8` (each row of x quantized to int8 as well: 11 rows 13.7 ms against 35.9 and 31.2 for int4).
 
 Drafts only: verification always runs the target's own weights, so output stays exact; quantization can only
 change which tokens are drafted. Inputs with more than `max_rows` rows (a head's prompt catch-up) use the
@@ -31,6 +32,9 @@ from hf_spec.kernels import cpu_skinny_gemm
 from hf_spec.kernels.skinny_linear import patched_forwards, skinny_linear
 
 SCHEMES = ("int8", "int4")
+# from this many rows int8 weights meet x quantized to int8 too (AVX512-VNNI): the float32-x kernel is compute-bound
+# there (22 Qwen2.5-0.5B layers: 3 rows 12.0 ms, 11 rows 35.9, against 9.4 and 13.7 for the VNNI kernel)
+W8A8_MIN_ROWS = 3
 
 
 @dataclass
@@ -43,6 +47,7 @@ class QuantizedWeight:
     scales: torch.Tensor  # int8: (out,); int4: (in / group_size, out, 2) scale and zero
     group_size: int = 0
     max_rows: int = 8
+    qsum: torch.Tensor | None = None  # int8: int32 row sums of `packed` (the VNNI kernel's offset term)
 
     @classmethod
     def from_weight(
@@ -59,7 +64,8 @@ class QuantizedWeight:
         if scheme == "int8":
             scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-8)
             packed = (w / scales[:, None]).round().clamp(-127, 127).to(torch.int8)
-            return cls(scheme, weight, packed, scales.to(weight.dtype), 0, max_rows)
+            qsum = packed.sum(dim=1, dtype=torch.int32)
+            return cls(scheme, weight, packed, scales.to(weight.dtype), 0, max_rows, qsum)
         group_size = group_size or int4_group_size(in_features)
         if not group_size or in_features % group_size or out_features % 16:
             raise ValueError(
@@ -86,7 +92,14 @@ class QuantizedWeight:
         if not 1 <= rows <= self.max_rows or x.device.type != "cpu":
             return F.linear(x, self.weight, bias)
         if self.scheme == "int8" and x.dtype == torch.float32 and self.scales.dtype == torch.float32:
-            y = cpu_skinny_gemm.kernel_linear_int8(x.contiguous(), self.packed, self.scales)
+            x = x.contiguous()
+            y = None
+            if (
+                rows >= W8A8_MIN_ROWS
+            ):  # x quantized too: VNNI sums 4 products an instruction (None without it)
+                y = cpu_skinny_gemm.kernel_linear_w8a8(x, self.packed, self.qsum, self.scales)
+            if y is None:
+                y = cpu_skinny_gemm.kernel_linear_int8(x, self.packed, self.scales)
             if y is not None:
                 return y + bias if bias is not None else y
         y = self._packed_mm(x.reshape(rows, x.shape[-1])).reshape(*x.shape[:-1], self.weight.shape[0])
