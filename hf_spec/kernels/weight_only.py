@@ -94,9 +94,7 @@ class QuantizedWeight:
         if self.scheme == "int8" and x.dtype == torch.float32 and self.scales.dtype == torch.float32:
             x = x.contiguous()
             y = None
-            if (
-                rows >= W8A8_MIN_ROWS
-            ):  # x quantized too: VNNI sums 4 products an instruction (None without it)
+            if rows >= W8A8_MIN_ROWS:  # x quantized too: VNNI, 4 products an instruction (None without it)
                 y = cpu_skinny_gemm.kernel_linear_w8a8(x, self.packed, self.qsum, self.scales)
             if y is None:
                 y = cpu_skinny_gemm.kernel_linear_int8(x, self.packed, self.scales)

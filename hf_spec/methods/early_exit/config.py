@@ -41,8 +41,9 @@ class EarlyExitConfig(MethodConfig, ExitHeadsOptions):
             tokens), a fraction of the LM head's cost; tokens outside it are never drafted.
         quantize: draft through packed `int8` or `int4` copies of the drafting layers' linears and an int8 copy of
             the exit's LM-head rows (CPU; `""`: the target's own weights). Lossless: the draft's KV entries are
-            rolled back and verification runs the target's own weights; on a CPU, where a draft step is reading
-            its weights from memory, it makes drafting ~2x cheaper for a little agreement.
+            rolled back and verification runs the target's own weights. On a CPU, where a draft step is reading
+            its weights from memory, it makes drafting ~2.8x cheaper for a little agreement (Qwen2.5-0.5B, layer 22
+            of 24: 46 -> 16.5 ms a step, tau 1.79 -> 1.75).
     """
 
     method = "early-exit"

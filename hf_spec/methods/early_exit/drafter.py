@@ -48,7 +48,7 @@ class EarlyExitDrafter(Drafter, StepwiseDrafter):
         self.exits.check_layers(self.exit_layer)
         self.quantized = quantize_draft_layers(self.parts, self.exit_layer, config.quantize, self.exits)
 
-    def _draft_weights(self):
+    def _draft_weights(self) -> contextlib.ExitStack:
         """The drafting layers' linears: packed copies (`quantize`), else hf-spec's float32 kernels."""
         stack = contextlib.ExitStack()
         stack.enter_context(quantized_linears(self.quantized))  # first: `fast_linears` skips patched modules

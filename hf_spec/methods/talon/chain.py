@@ -45,9 +45,8 @@ class ExitChain:
         self.exit_layer = exit_layer
         self.head = head or (lambda h: self.parts.lm_head(self.parts.norm(h)))
         self.min_confidence = min_confidence
-        self.quantized = (
-            quantized or {}
-        )  # packed draft weights of the layers (its cache is its own: lossless)
+        # packed draft weights of the layers: lossless, since the chain's cache is its own
+        self.quantized = quantized or {}
         self.cache: DynamicCache | None = None
         self.seq: list[int] = []  # committed tokens + drafted ones
         self.cached = 0  # positions of `seq` whose keys/values are in `cache`
