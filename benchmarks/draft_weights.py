@@ -21,7 +21,7 @@ import torch
 
 from hf_spec.kernels import cpu_skinny_gemm as csg
 from hf_spec.kernels.skinny_linear import fast_linears, skinny_linear
-from hf_spec.kernels.weight_only import QuantizedWeight, quantize_linears, quantized_linears
+from hf_spec.kernels.weight_only import QuantizedWeight, draft_linears, quantize_linears
 
 SHAPES = [
     (896, 896),
@@ -107,12 +107,7 @@ def step(target: str, heads: str, exit_layer: int = 22, past: int = 300, reps: i
         for layer in parts.layers[:exit_layer]:
             q.update(quantize_linears(layer, scheme, max_rows=32))
 
-        @contextlib.contextmanager
-        def ctx():
-            with quantized_linears(q), fast_linears(model):
-                yield
-
-        return ctx
+        return lambda: draft_linears(model, q)
 
     print(f"{target}: a draft step of layers [0, {exit_layer}) + exit head after {past} cached tokens, ms")
     rows = [("float32 kernels", lambda: fast_linears(model))]

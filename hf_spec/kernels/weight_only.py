@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hf_spec.kernels import cpu_skinny_gemm
-from hf_spec.kernels.skinny_linear import patched_forwards, skinny_linear
+from hf_spec.kernels.skinny_linear import fast_linears, patched_forwards, skinny_linear
 
 SCHEMES = ("int8", "int4")
 # from this many rows int8 weights meet x quantized to int8 too (AVX512-VNNI): the float32-x kernel is compute-bound
@@ -147,4 +147,19 @@ def quantized_linears(weights: Mapping[nn.Linear, QuantizedWeight]) -> Iterator[
         yield
 
 
-__all__ = ["SCHEMES", "QuantizedWeight", "int4_group_size", "quantize_linears", "quantized_linears"]
+@contextlib.contextmanager
+def draft_linears(model: nn.Module, weights: Mapping[nn.Linear, QuantizedWeight]) -> Iterator[None]:
+    """Inside the block, `model`'s linears run their packed copies where `weights` has them and hf-spec's float32
+    kernels elsewhere (the packed ones are patched first: `fast_linears` leaves patched modules alone)."""
+    with quantized_linears(weights), fast_linears(model):
+        yield
+
+
+__all__ = [
+    "SCHEMES",
+    "QuantizedWeight",
+    "draft_linears",
+    "int4_group_size",
+    "quantize_linears",
+    "quantized_linears",
+]

@@ -15,8 +15,8 @@ from transformers import DynamicCache
 from hf_spec.config import MethodConfig, read_config
 from hf_spec.heads.base import DraftHeadModel
 from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER
-from hf_spec.kernels.skinny_linear import fast_linears, skinny_linear
-from hf_spec.kernels.weight_only import QuantizedWeight, quantize_linears, quantized_linears
+from hf_spec.kernels.skinny_linear import skinny_linear
+from hf_spec.kernels.weight_only import QuantizedWeight, draft_linears, quantize_linears
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
 from hf_spec.training.features import unit_features
 from hf_spec.tree.buffers import additive_mask
@@ -107,7 +107,7 @@ class HeadDrafter(Drafter):
     @contextlib.contextmanager
     def fast_head(self) -> Iterator[None]:
         """Inside the block the head's linears run packed (`quantize`) or by the skinny-GEMM kernel."""
-        with quantized_linears(self.quantized), fast_linears(self.head):
+        with draft_linears(self.head, self.quantized):
             yield
 
     def lm_logits(self, normed: torch.Tensor) -> torch.Tensor:

@@ -1,13 +1,10 @@
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch import nn
 
 from hf_spec.heads.exits.model import ExitLM, load_exit_lm
-from hf_spec.kernels.skinny_linear import fast_linears
-from hf_spec.kernels.weight_only import QuantizedWeight, quantize_linears, quantized_linears
+from hf_spec.kernels.weight_only import QuantizedWeight, draft_linears, quantize_linears
 from hf_spec.methods.base import Drafter, SpecState
 from hf_spec.methods.common import chain_with_siblings
 from hf_spec.methods.early_exit.config import EarlyExitConfig
@@ -48,13 +45,6 @@ class EarlyExitDrafter(Drafter, StepwiseDrafter):
         self.exits.check_layers(self.exit_layer)
         self.quantized = quantize_draft_layers(self.parts, self.exit_layer, config.quantize, self.exits)
 
-    def _draft_weights(self) -> contextlib.ExitStack:
-        """The drafting layers' linears: packed copies (`quantize`), else hf-spec's float32 kernels."""
-        stack = contextlib.ExitStack()
-        stack.enter_context(quantized_linears(self.quantized))  # first: `fast_linears` skips patched modules
-        stack.enter_context(fast_linears(self.model))
-        return stack
-
     def begin(self, state: SpecState) -> None:
         self.parts.check_window(state.generation_config.max_length, "early exit")
 
@@ -71,7 +61,9 @@ class EarlyExitDrafter(Drafter, StepwiseDrafter):
         chain: list[int] = []
         siblings: list[list[int]] = []
         try:
-            with self._draft_weights():  # same weights as the step-wise path (`_step_forward`)
+            with draft_linears(
+                self.model, self.quantized
+            ):  # same weights as the step-wise path (`_step_forward`)
                 for step in range(depth):
                     position_ids = torch.tensor([[past + step]], device=token.device)
                     hidden = run_layers(
@@ -102,7 +94,7 @@ class EarlyExitDrafter(Drafter, StepwiseDrafter):
 
     def _step_forward(self, ids, position_ids, mask) -> torch.Tensor:
         parts, cache = self.parts, self._step_cache
-        with self._draft_weights():
+        with draft_linears(self.model, self.quantized):
             hidden = run_layers(parts, parts.embed_tokens(ids), position_ids, cache, 0, self.exit_layer, mask)
             return self.exits.logits(self.exit_layer, hidden)[0].float()
 

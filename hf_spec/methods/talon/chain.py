@@ -15,8 +15,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from hf_spec.datastore.sources import ExitHead
-from hf_spec.kernels.skinny_linear import fast_linears
-from hf_spec.kernels.weight_only import QuantizedWeight, quantized_linears
+from hf_spec.kernels.weight_only import QuantizedWeight, draft_linears
 from hf_spec.models.layers import decoder_parts, run_layers
 from hf_spec.tree.buffers import causal_mask
 from hf_spec.verify.cache import crop_cache
@@ -101,7 +100,7 @@ class ExitChain:
         q = ids.shape[1]
         positions = torch.arange(self.cached, self.cached + q, device=device).unsqueeze(0)
         mask = causal_mask(q, self.cached, self.model.dtype, device) if q > 1 else None
-        with quantized_linears(self.quantized), fast_linears(self.model):
+        with draft_linears(self.model, self.quantized):
             hidden = run_layers(
                 parts, parts.embed_tokens(ids), positions, self.cache, 0, self.exit_layer, mask
             )
