@@ -150,6 +150,16 @@ def test_sampling_matches_plain_sampling():
     assert min(pvalues) > 1e-3, pvalues
 
 
+def test_sampling_with_packed_draft_weights_matches_plain_sampling():
+    """Early exit drafting from int8 copies of its layers: the proposals change, the sampled distribution must not."""
+    target = make_tiny_model("llama", seed=11, vocab_size=V, layers=4, temperature=2.0)
+    dec = SpeculativeDecoder(EarlyExitConfig(exit_layer=2, num_draft_tokens=2, quantize="int8"))
+    pvalues, accepted = sampled_marginals_pvalues(target, lambda: dec, n=1000, seed=2026)
+    assert dec.drafter_for(target).quantized  # the packed copies were really used
+    assert accepted > 1000 * 0.2
+    assert min(pvalues) > 1e-3, pvalues
+
+
 def test_bad_layers_are_clear_errors(model6):
     with pytest.raises(ValueError, match="0 < draft_layer < verify_layer"):
         HiSpecDrafter(HiSpecConfig(draft_layer=3, verify_layer=3), model6)
