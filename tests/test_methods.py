@@ -41,7 +41,7 @@ METHOD_SPECS = [
 
 def decoder_for(spec: str, model) -> SpeculativeDecoder:
     if spec == "draft-model":
-        draft = make_tiny_model("llama", seed=5, layers=2)
+        draft = make_tiny_model("llama", seed=5, layers=2).to(model.device)
         return SpeculativeDecoder(
             DraftModelDrafter(DraftModelConfig(num_draft_tokens=4, siblings=2), model, draft_model=draft)
         )

@@ -98,8 +98,10 @@ class DraftHeadModel(PreTrainedModel):
                 nn.init.zeros_(module.bias)
 
     def attach_target(self, target: PreTrainedModel) -> DraftHeadModel:
-        """Check `target` is the model this head was trained for and borrow its frozen parts."""
+        """Check `target` is the model this head was trained for, move the head to the device of the target's LM
+        head and borrow its frozen parts."""
         check_fingerprint(self.config.target, target, f"this {type(self).__name__}")
+        self.to(target.get_output_embeddings().weight.device)
         self.target_parts = TargetParts(target, self.d2t)
         return self
 

@@ -69,10 +69,12 @@ def head_config_from_cli_arg(cls: type[MethodConfig], arg: str | None) -> Method
     return config
 
 
-def causal_mask(q_len: int, past: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def causal_mask(
+    q_len: int, past: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+) -> torch.Tensor:
     """Additive `(1, 1, q_len, past + q_len)`: every query sees the cache and the queries up to itself."""
     allowed = torch.ones(q_len, past + q_len, dtype=torch.bool).tril(diagonal=past)
-    return additive_mask(allowed, dtype)
+    return additive_mask(allowed, dtype).to(device)
 
 
 class HeadDrafter(Drafter):
@@ -100,6 +102,7 @@ class HeadDrafter(Drafter):
         self.quantized = quantize_linears(self.head, scheme) if scheme else {}
         self.lm_quantized = QuantizedWeight.from_weight(self.lm_weight, scheme) if scheme else None
         self.norm = model.model.norm
+        self.device = self.lm_weight.device  # the head's and the target LM head's
         self.dtype = next(self.head.parameters()).dtype  # the target's: the head runs in its precision
         self.cache = DynamicCache()
         self.pending_features: list[torch.Tensor] = []  # [n, H] chunks
@@ -153,7 +156,7 @@ class HeadDrafter(Drafter):
                 f"{self.config.method} head cache out of step: holds {past} positions, next is {first}"
             )
         ids = state.input_ids[:, first:]
-        positions = torch.arange(first, state.seq_len).view(1, -1)
+        positions = torch.arange(first, state.seq_len, device=self.device).view(1, -1)
         return first_step(
-            features[None], ids, positions, causal_mask(features.shape[0], past, self.dtype), self.cache
+            features[None], ids, positions, causal_mask(features.shape[0], past, self.dtype, self.device), self.cache
         )[0, -1]

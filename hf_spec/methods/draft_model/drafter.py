@@ -28,6 +28,12 @@ class DraftModelDrafter(Drafter, StepwiseDrafter):
             from hf_spec.models import load_model
 
             draft_model, _ = load_model(config.model, dtype=model.dtype)
+            draft_model.to(model.device)
+        elif draft_model.device != model.device:
+            raise ValueError(
+                f"the draft model is on {draft_model.device}, the target on {model.device}: "
+                "move the draft model to the target's device"
+            )
         target_vocab = model.get_output_embeddings().weight.shape[0]
         draft_vocab = draft_model.get_output_embeddings().weight.shape[0]
         if draft_vocab != target_vocab:

@@ -98,8 +98,8 @@ class EagleDrafter(HeadDrafter, EagleStepper):
                 allowed[row, slot_of[anc]] = True
                 anc = parents[anc]
             slot_of[node] = past + row
-        mask = additive_mask(allowed, self.dtype)
+        mask = additive_mask(allowed, self.dtype).to(self.device)
         features = torch.stack([source_h[i] for i in beam])[None]
-        ids = torch.tensor([[tokens[i] for i in beam]])
-        positions = torch.full((1, n), position)
+        ids = torch.tensor([[tokens[i] for i in beam]], device=self.device)
+        positions = torch.full((1, n), position, device=self.device)
         return self.head(features, ids, positions, mask, self.cache)[0]

@@ -73,8 +73,9 @@ class EagleStepper(StepwiseDrafter):
     def _feed_one(self, h_prev: torch.Tensor, token: int) -> torch.Tensor:
         """Append chain token `token` at the next position; returns its head state `(H,)`."""
         past = self._chain_len  # head cache slot i holds position i + 1 (position 0 has no feature)
-        ids, pos = torch.tensor([[token]]), torch.tensor([[past + 1]])
-        h = self.head(h_prev.view(1, 1, -1), ids, pos, causal_mask(1, past, self.dtype), self.cache)[0, -1]
+        ids, pos = torch.tensor([[token]], device=self.device), torch.tensor([[past + 1]], device=self.device)
+        mask = causal_mask(1, past, self.dtype, self.device)
+        h = self.head(h_prev.view(1, 1, -1), ids, pos, mask, self.cache)[0, -1]
         self._chain_len += 1
         return h
 
@@ -91,12 +92,12 @@ class EagleStepper(StepwiseDrafter):
             for r, b in enumerate(rows):
                 allowed[r, self._branch_slots[b]] = True
                 allowed[r, past + r] = True
-            mask = additive_mask(allowed, self.dtype)
+            mask = additive_mask(allowed, self.dtype).to(self.device)
             features = torch.stack([self._branch_states[b][-1] if level else self._h_chain for b in rows])[
                 None
             ]
-            ids = torch.tensor([[branches[b][level] for b in rows]])
-            positions = torch.full((1, len(rows)), self._chain_len + 1 + level)
+            ids = torch.tensor([[branches[b][level] for b in rows]], device=self.device)
+            positions = torch.full((1, len(rows)), self._chain_len + 1 + level, device=self.device)
             states = self.head(features, ids, positions, mask, self.cache)[0]
             for r, b in enumerate(rows):
                 self._branch_slots[b].append(past + r)
@@ -107,6 +108,7 @@ class EagleStepper(StepwiseDrafter):
         """Head states `(n, H)` -> logits over the target vocabulary `(n, vocab_size)`: the drafted rows
         (`lm_weight`, mapped by `d2t`) carry the head's logits, every other token -inf."""
         draft = self.lm_logits(self.head.parts.norm(h)).float()  # [n, V_draft]
-        full = torch.full((h.shape[0], self.model.get_output_embeddings().weight.shape[0]), float("-inf"))
+        vocab = self.model.get_output_embeddings().weight.shape[0]
+        full = torch.full((h.shape[0], vocab), float("-inf"), device=draft.device)
         full[:, self.head.d2t[: draft.shape[1]]] = draft
         return full

@@ -40,8 +40,8 @@ class LyannaDrafter(HeadDrafter):
         vocab = head.parts.embed_tokens.weight.shape[0]
         cols = self.lm_weight.shape[0]  # the draft vocabulary, or its first vocab_limit rows
         hot = head.d2t if cfg.hot_tokens <= 0 else head.d2t[: cfg.hot_tokens]
-        row_of = torch.full((vocab,), -1, dtype=torch.long)
-        row_of[hot] = torch.arange(len(hot))
+        row_of = torch.full((vocab,), -1, dtype=torch.long, device=hot.device)
+        row_of[hot] = torch.arange(len(hot), device=hot.device)
         if cfg.token_info == "table":  # collapsed: one row read per node
             table = head.token_info_table(hot)[:, :cols].contiguous()  # [hot, V_draft]
 
@@ -116,7 +116,7 @@ class LyannaDrafter(HeadDrafter):
         states = [h_root]
         try:
             for step in range(1, depth):
-                position = torch.tensor([[root_pos + step]])
+                position = torch.tensor([[root_pos + step]], device=self.device)
                 states.append(
                     self.head.next_step(states[-1].view(1, 1, -1), position, None, self.cache)[0, 0]
                 )
