@@ -209,7 +209,7 @@ def batched_generate(
             block = torch.full((len(active), width), int(input_ids[0, -1]), dtype=torch.long)
             pos = torch.zeros(len(active), width, dtype=torch.long)
             for i, (r, tree) in enumerate(zip(active, trees, strict=True)):
-                block[i, 0] = rows[r].state.input_ids[0, -1]
+                block[i, 0] = int(rows[r].state.input_ids[0, -1])
                 block[i, 1 : 1 + len(tree)] = tree.tokens
                 depth = torch.cat([torch.zeros(1, dtype=torch.long), tree.depth.long()])
                 pos[i, : len(tree) + 1] = depth + int(valid[i].sum())

@@ -158,5 +158,9 @@ class HeadDrafter(Drafter):
         ids = state.input_ids[:, first:]
         positions = torch.arange(first, state.seq_len, device=self.device).view(1, -1)
         return first_step(
-            features[None], ids, positions, causal_mask(features.shape[0], past, self.dtype, self.device), self.cache
+            features[None],
+            ids,
+            positions,
+            causal_mask(features.shape[0], past, self.dtype, self.device),
+            self.cache,
         )[0, -1]

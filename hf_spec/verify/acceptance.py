@@ -87,7 +87,7 @@ def accept_sampling(
             q = probs_q[c].to(p) if probs_q is not None else None
             deterministic = q is None or not bool(q.any())
             accept_prob = p[tok] if deterministic else torch.clamp(p[tok] / q[tok], max=1.0)
-            if float(torch.rand((), generator=generator)) < float(accept_prob):
+            if float(torch.rand((), generator=generator, device=p.device)) < float(accept_prob):
                 nxt = c
                 break
             p = _residual(p, tok if deterministic else q)

@@ -41,7 +41,9 @@ def token_info_tree(
             rows = rows.clone()
             rows[with_info] += bias.float()
         logp = torch.log_softmax(rows, dim=-1)  # [frontier, V_draft]
-        base = torch.tensor([tree.joint[n] if n >= 0 else 0.0 for n in frontier], device=raw.device).view(-1, 1)
+        base = torch.tensor([tree.joint[n] if n >= 0 else 0.0 for n in frontier], device=raw.device).view(
+            -1, 1
+        )
         top = torch.topk(logp, min(topk, logp.shape[-1]), dim=-1)
         joint = (base + top.values).flatten()
         keep = torch.topk(joint, min(topk, joint.numel())).indices.tolist()

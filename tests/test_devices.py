@@ -1,0 +1,101 @@
+"""The drafters on a device other than the CPU, without a GPU: torch's lazy-tensor backend (TorchScript, run on
+this CPU) stands in for an accelerator. An op mixing one of its tensors with a CPU tensor raises, as it would with
+a CUDA tensor, so a mask, index or head left on the CPU fails here instead of on a user's GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_spec import SpeculativeDecoder
+from hf_spec.heads.eagle import EagleHeadConfig, EagleHeadModel
+from hf_spec.heads.lyanna import LyannaHeadConfig, LyannaHeadModel
+from hf_spec.methods.draft_model.config import DraftModelConfig
+from hf_spec.methods.draft_model.drafter import DraftModelDrafter
+from hf_spec.methods.eagle import EagleConfig, EagleDrafter
+from hf_spec.methods.lyanna import LyannaConfig, LyannaDrafter
+from tests.conftest import make_tiny_model, prompt_ids
+
+NEW_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def lazy_device() -> str:
+    try:
+        import torch._lazy.ts_backend
+
+        torch._lazy.ts_backend.init()
+        torch.ones(1, device="lazy") + torch.ones(1, device="lazy")
+    except Exception as err:  # noqa: BLE001 - a torch build without the lazy backend
+        pytest.skip(f"torch's lazy-tensor backend is unavailable: {err}")
+    return "lazy"
+
+
+@pytest.fixture(scope="module")
+def on_device(lazy_device):
+    """A tiny llama on the CPU (for references and for building heads) and its copy on the stand-in device."""
+    cpu = make_tiny_model("llama", seed=0)
+    moved = make_tiny_model("llama", seed=0).to(lazy_device)
+    return cpu, moved
+
+
+def check_greedy(cpu, moved, spec, seed: int = 1, new_tokens: int = NEW_TOKENS) -> None:
+    ids = prompt_ids(12, seed=seed)
+    ref = cpu.generate(ids, max_new_tokens=new_tokens, do_sample=False)
+    out = moved.generate(
+        ids.to(moved.device),
+        max_new_tokens=new_tokens,
+        do_sample=False,
+        custom_generate=SpeculativeDecoder(spec),
+    )
+    assert out.device == moved.device
+    assert torch.equal(out.cpu(), ref), spec
+
+
+@pytest.mark.parametrize(
+    "spec", ["pld", "early-exit:2", "retrieval", "talon", "hispec", "postuse:early-exit:2"]
+)
+def test_methods_off_the_cpu(on_device, spec):
+    check_greedy(*on_device, spec)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "lyanna"])
+def test_heads_loaded_from_folders_follow_the_target(on_device, tmp_path, kind):
+    """A head folder loads on the CPU; attaching it to the target moves it (and the drafter's masks, ids and
+    positions are built where the head is). Small trees: every new tree shape costs the lazy backend a compile."""
+    cpu, moved = on_device
+    torch.manual_seed(0)
+    if kind == "eagle":
+        head = EagleHeadModel(EagleHeadConfig.for_target(cpu, 64))
+        head.init_layer_from(cpu)
+        head.save_pretrained(tmp_path)
+        drafter = EagleDrafter(EagleConfig(depth=2, topk=2, total_tokens=3, head=str(tmp_path)), moved)
+    else:
+        head = LyannaHeadModel(LyannaHeadConfig.for_target(cpu, 64, token_info_rank=8))
+        head.save_pretrained(tmp_path)
+        drafter = LyannaDrafter(LyannaConfig(depth=2, topk=2, budget=3, head=str(tmp_path)), moved)
+    assert drafter.head.device == moved.device
+    check_greedy(cpu, moved, drafter, new_tokens=8)
+
+
+def test_batches_off_the_cpu(on_device):
+    cpu, moved = on_device
+    ids = torch.zeros(2, 10, dtype=torch.long)
+    ids[0], ids[1, 4:] = prompt_ids(10, seed=2)[0], prompt_ids(6, seed=3)[0]
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+    kw = dict(max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+    ref = cpu.generate(ids, attention_mask=mask, **kw)
+    out = moved.generate(
+        ids.to(moved.device),
+        attention_mask=mask.to(moved.device),
+        custom_generate=SpeculativeDecoder("pld"),
+        **kw,
+    )
+    assert torch.equal(out.cpu(), ref)
+
+
+def test_a_draft_model_on_another_device_is_refused(on_device):
+    cpu, moved = on_device
+    with pytest.raises(ValueError, match="move the draft model to the target's device"):
+        DraftModelDrafter(DraftModelConfig(), moved, draft_model=make_tiny_model("llama", seed=5, layers=2))
