@@ -31,7 +31,7 @@ def vocabulary_coverage(
 ) -> float:
     """Share of response tokens inside the draft vocabulary."""
     inside = torch.zeros(vocab_size, dtype=torch.bool)
-    inside[d2t] = True
+    inside[d2t.cpu()] = True
     total = hit = 0
     for seq in sequences:
         ids = seq["input_ids"].long()[seq["response_mask"].bool()]

@@ -147,13 +147,13 @@ def capture_features(
     bar = tqdm(total=len(todo), desc="target features", unit="conv", disable=not progress)
     for conv in todo:
         ids = torch.tensor([conv.input_ids])
-        hidden = model.model(input_ids=ids).last_hidden_state[0]  # [seq_len, hidden_size], post-norm
+        hidden = model.model(input_ids=ids.to(model.device)).last_hidden_state[0]  # [seq_len, H], post-norm
         ids_k, logp_k = [], []
         for start in range(0, hidden.shape[0], logits_chunk):
             logp = torch.log_softmax(parts.lm_head(hidden[start : start + logits_chunk]).float(), dim=-1)
             top = torch.topk(logp, topk, dim=-1)
-            ids_k.append(top.indices.to(torch.int32))
-            logp_k.append(top.values.to(torch.float16))
+            ids_k.append(top.indices.to("cpu", torch.int32))
+            logp_k.append(top.values.to("cpu", torch.float16))
         mask = torch.zeros(ids.shape[1], dtype=torch.uint8)
         mask[len(conv.prompt_ids) :] = 1
         pending.append(
@@ -161,7 +161,7 @@ def capture_features(
                 conv.id,
                 {
                     "input_ids": ids[0].to(torch.int32),
-                    "features": unit_features(hidden, parts.norm).to(torch.bfloat16),
+                    "features": unit_features(hidden, parts.norm).to("cpu", torch.bfloat16),
                     "topk_ids": torch.cat(ids_k),
                     "topk_logp": torch.cat(logp_k),
                     "response_mask": mask,

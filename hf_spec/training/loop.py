@@ -44,7 +44,7 @@ class Checkpoint:
 
     def load(self, model, optimizer, scheduler) -> tuple[int, dict[str, Any]]:
         try:
-            state = torch.load(self.path, weights_only=False)
+            state = torch.load(self.path, weights_only=False, map_location="cpu")  # resumable on any device
         except Exception as err:  # noqa: BLE001 - any unreadable file is reported the same way
             raise ValueError(
                 f"cannot resume from {self.path}: corrupt checkpoint ({err}); delete it to restart"
@@ -57,4 +57,4 @@ class Checkpoint:
         return int(state["step"]), state["extra"]
 
     def peek_extra(self) -> dict[str, Any]:
-        return torch.load(self.path, weights_only=False)["extra"]
+        return torch.load(self.path, weights_only=False, map_location="cpu")["extra"]

@@ -241,8 +241,8 @@ def _continue_batch(
     with torch.random.fork_rng(devices=[]):  # the caller's random state is left as it was
         torch.manual_seed(zlib.crc32(" ".join(c.id for c in batch).encode()))
         out = model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
+            input_ids=input_ids.to(model.device),
+            attention_mask=attention_mask.to(model.device),
             do_sample=temperature > 0,
             max_new_tokens=budget,
             pad_token_id=pad_id,

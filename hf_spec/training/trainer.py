@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import warnings
@@ -18,6 +19,10 @@ from hf_spec.training.loop import Checkpoint, warmup_linear_decay
 
 # step_fn(head, batch, cfg, t2d) -> (loss, accuracy per draft depth, loss parts)
 StepFn = Callable[..., tuple[torch.Tensor, list[float], dict[str, float]]]
+
+
+def batch_on(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {key: value.to(device) for key, value in batch.items()}
 
 
 @dataclass
@@ -44,13 +49,13 @@ class Unroll:
         B, T = x.shape
         n = T - 1
         ok = batch["valid"] & batch["response_mask"].bool()
-        mask = torch.zeros(B, n)
+        mask = torch.zeros(B, n, device=x.device)
         mask[:, : n - 1] = ok[:, 2:].float()
         return cls(
             f_in=u[:, :-1],
             ids=x[:, 1:],
             u_tgt=u[:, 1:],
-            position_ids=torch.arange(1, T).expand(B, n),
+            position_ids=torch.arange(1, T, device=x.device).expand(B, n),
             mask=mask,
             target_logits=head.draft_logits(u[:, 1:]),
             topk_ids=t2d[batch["topk_ids"][:, 1:].long()],
@@ -137,16 +142,22 @@ def check_resumable(saved: dict | None, now: dict, out: Path) -> None:
         )
 
 
-def autocast_dtype(precision: str) -> torch.dtype | None:
-    """The autocast dtype for `precision` ("auto" | "bf16" | "fp32"); None = no autocast."""
+def autocast_dtype(precision: str, device: torch.device | str = "cpu") -> torch.dtype | None:
+    """The autocast dtype for `precision` ("auto" | "bf16" | "fp32") on `device`; None = no autocast. "auto":
+    bfloat16 on CUDA and on CPUs that multiply it natively."""
     if precision not in ("auto", "bf16", "fp32"):
         raise ValueError(f"precision must be auto, bf16 or fp32, got {precision!r}")
+    kind = torch.device(device).type
     if precision == "fp32":
         return None
-    if precision == "bf16" or torch.cuda.is_available():
+    if precision == "bf16":
+        if not torch.amp.is_autocast_available(kind):
+            raise ValueError(f"precision bf16: torch has no autocast on {kind!r}; use --precision fp32")
+        return torch.bfloat16
+    if kind == "cuda":
         return torch.bfloat16
     native = torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
-    return torch.bfloat16 if native else None
+    return torch.bfloat16 if kind == "cpu" and native else None
 
 
 def split_heldout(
@@ -175,7 +186,7 @@ def evaluate(head, sequences, cfg: HeadTrainConfig, t2d: torch.Tensor, step_fn: 
     eval_cfg = replace(cfg, align_steps=max(cfg.align_steps, 4))
     totals, losses = [0.0] * eval_cfg.align_steps, []
     for seq in sequences:
-        loss, accs, _ = step_fn(head, collate([seq], cfg.max_len), eval_cfg, t2d)
+        loss, accs, _ = step_fn(head, batch_on(collate([seq], cfg.max_len), t2d.device), eval_cfg, t2d)
         losses.append(loss.item())
         totals = [a + b for a, b in zip(totals, accs, strict=True)]
     return {
@@ -220,9 +231,10 @@ def train_head(
         head.d2t.copy_(draft_vocabulary(train_set, head.config.draft_vocab_size, vocab_size, keep))
         if cfg.init_from_last_layer:
             head.init_layer_from(target, -1)
-    head.attach_target(target)
-    t2d = torch.full((vocab_size,), -1, dtype=torch.long)
-    t2d[head.d2t] = torch.arange(len(head.d2t))
+    head.attach_target(target)  # the head trains where the target is
+    device = head.d2t.device
+    t2d = torch.full((vocab_size,), -1, dtype=torch.long, device=device)
+    t2d[head.d2t] = torch.arange(len(head.d2t), device=device)
     coverage = vocabulary_coverage(heldout or train_set, head.d2t, vocab_size)  # held-out when there is one
 
     lengths = [min(len(s["input_ids"]), cfg.max_len) for s in train_set]
@@ -248,8 +260,8 @@ def train_head(
                 "do not fit; delete that folder (or give another --checkpoint-dir) to start afresh"
             )
         head.attach_target(target)
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
-    device, amp = accelerator.device.type, autocast_dtype(cfg.precision)
+    accelerator = Accelerator(cpu=device.type == "cpu", device_placement=False)
+    amp = autocast_dtype(cfg.precision, device)
     head, optimizer = accelerator.prepare(head, optimizer)
     head.train()
 
@@ -263,8 +275,9 @@ def train_head(
     started, tokens_seen = time.perf_counter(), 0
     wall_before = extra["wall_seconds"]
     while step < total_steps:
-        batch = collate([train_set[i] for i in schedule[step]], cfg.max_len)
-        with torch.autocast(device, dtype=amp or torch.bfloat16, enabled=amp is not None):
+        batch = batch_on(collate([train_set[i] for i in schedule[step]], cfg.max_len), device)
+        autocast = torch.autocast(device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
+        with autocast:
             loss, accs, parts = step_fn(head, batch, cfg, t2d)
         optimizer.zero_grad(set_to_none=True)
         accelerator.backward(loss)

@@ -33,10 +33,10 @@ def head_step(
     n = ids.shape[1]
     cache = DynamicCache()
     f = f_in
-    loss = torch.zeros(())
+    loss = torch.zeros((), device=ids.device)
     accs, parts = [], {"feature": 0.0, "ce": 0.0, "topk": 0.0}
     for j in range(1, cfg.align_steps + 1):
-        attn = alignment_mask(n, j)[None, None]
+        attn = alignment_mask(n, j)[None, None].to(ids.device)
         h = head(f, ids, position_ids, attn, cache)
         logp = torch.log_softmax(head.draft_logits(h).float(), dim=-1)
         m = d.depth_mask(j)

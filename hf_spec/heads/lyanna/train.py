@@ -40,11 +40,11 @@ def lyanna_step(
     f_in, ids, u_tgt, position_ids = d.f_in, d.ids, d.u_tgt, d.position_ids
     n = ids.shape[1]
     cache = DynamicCache()
-    loss = torch.zeros(())
+    loss = torch.zeros((), device=ids.device)
     accs, parts = [], {"feature": 0.0, "ce": 0.0}
     h = None
     for j in range(1, cfg.align_steps + 1):
-        attn = alignment_mask(n, j)[None, None]
+        attn = alignment_mask(n, j)[None, None].to(ids.device)
         if j == 1:
             h = head.first_step(f_in, ids, position_ids, attn, cache)
             logits = head.draft_logits(h)
