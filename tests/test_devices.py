@@ -132,3 +132,35 @@ def test_training_data_and_losses_where_the_target_is(lazy_device, tmp_path):
     assert [c.response_ids for c in convs_dev] == [c.response_ids for c in convs]
     assert all(torch.equal(a["topk_ids"], b["topk_ids"]) for a, b in zip(seqs, seqs_dev, strict=True))
     assert loss_dev == pytest.approx(loss, rel=1e-4) and accs_dev == pytest.approx(accs)
+
+
+def test_exit_heads_where_the_target_is(lazy_device, tmp_path):
+    """Exit-head features and evaluation with the target off the CPU equal those on the CPU; a saved heads folder
+    follows the target into `early-exit` (with its draft vocabulary) and `hispec`."""
+    from hf_spec.heads.exits.model import ExitHeads
+    from hf_spec.heads.exits.train import evaluate_heads, extract_features, train_heads
+    from hf_spec.methods.early_exit import EarlyExitConfig, EarlyExitDrafter
+    from hf_spec.methods.hispec.config import HiSpecConfig
+    from hf_spec.methods.hispec.drafter import HiSpecDrafter
+
+    cpu = make_tiny_model("llama", layers=6)
+    moved = make_tiny_model("llama", layers=6).to(lazy_device)
+    seqs = [(cpu.generate(prompt_ids(8, seed=s), max_new_tokens=12, do_sample=False)[0], 7) for s in range(3)]
+    feats = extract_features(cpu, seqs, [2, 4], top_k=8)
+    feats_dev = extract_features(moved, seqs, [2, 4], top_k=8)
+    assert torch.equal(feats_dev.top_ids, feats.top_ids)
+    heads = ExitHeads.for_target(cpu, [2, 4], rank=4)
+    train_heads(cpu, heads, feats, steps=5, batch_size=16, lr=1e-2, negatives=8)
+    heads.set_draft_vocab(torch.arange(64))
+    heads.save_pretrained(tmp_path)
+    quality = evaluate_heads(cpu, heads, feats)
+    quality_dev = evaluate_heads(moved, ExitHeads.from_pretrained(tmp_path, moved).to(lazy_device), feats_dev)
+    assert quality_dev[4]["agreement"] == quality[4]["agreement"]
+    assert quality_dev[4]["loss"] == pytest.approx(quality[4]["loss"], rel=1e-4)
+
+    ee = EarlyExitConfig(exit_layer=4, num_draft_tokens=2, exit_heads=str(tmp_path), draft_vocab=True)
+    check_greedy(cpu, moved, EarlyExitDrafter(ee, moved))
+    hs = HiSpecConfig(
+        draft_layer=2, verify_layer=4, num_draft_tokens=2, num_buffer_tokens=2, exit_heads=str(tmp_path)
+    )
+    check_greedy(cpu, moved, HiSpecDrafter(hs, moved))

@@ -197,6 +197,6 @@ def load_exit_lm(
 ) -> ExitLM:
     """`ExitLM` of `model` with the heads saved at `heads_path` (fingerprint-checked), or the stock exits."""
     heads = ExitHeads.from_pretrained(heads_path, model) if heads_path else None
-    if heads is not None:
-        heads.to(next(model.parameters()).dtype)
+    if heads is not None:  # the heads read hidden states where the LM head is
+        heads.to(model.get_output_embeddings().weight.device, next(model.parameters()).dtype)
     return ExitLM(decoder_parts(model), heads, draft_vocab)

@@ -137,14 +137,14 @@ def extract_features(
     top_ids, top_probs = [], []
     lm_head = model.get_output_embeddings()
     for ids, start in sequences:
-        out = model.model(input_ids=ids[None], output_hidden_states=True)
-        pos = torch.arange(start, ids.shape[0] - 1)  # predict ids[start + 1:]
+        out = model.model(input_ids=ids[None].to(model.device), output_hidden_states=True)
+        pos = torch.arange(start, ids.shape[0] - 1, device=model.device)  # predict ids[start + 1:]
         for k in layers:
-            hidden[k].append(out.hidden_states[k][0, pos].to(torch.bfloat16))
+            hidden[k].append(out.hidden_states[k][0, pos].to("cpu", torch.bfloat16))
         probs = torch.softmax(lm_head(out.last_hidden_state[0, pos]).float(), dim=-1)  # [n, vocab]
         top = torch.topk(probs, top_k, dim=-1)
-        top_ids.append(top.indices)
-        top_probs.append(top.values)
+        top_ids.append(top.indices.cpu())
+        top_probs.append(top.values.cpu())
     return Features({k: torch.cat(v) for k, v in hidden.items()}, torch.cat(top_ids), torch.cat(top_probs))
 
 
@@ -174,6 +174,8 @@ def distill_loss(
         heads: `None` scores the stock exit (final norm + LM head on the raw hidden state).
     """
     parts = decoder_parts(model)
+    device = parts.lm_head.weight.device  # features live on the CPU, the target (and heads) maybe not
+    hidden, top_ids, top_probs, candidates = (t.to(device) for t in (hidden, top_ids, top_probs, candidates))
     h = heads(layer, hidden) if heads is not None else hidden
     weight = parts.lm_head.weight[candidates]  # [C, hidden_size]
     logits = parts.norm(h) @ weight.T  # [batch, C]
@@ -208,7 +210,7 @@ def train_heads(
     per step. Resumes from `checkpoint` when it exists and saves it every `save_every` steps; batches depend only
     on `(seed, step)`, so a resumed run draws the same batches as an uninterrupted one."""
     model.requires_grad_(False)
-    heads.train()
+    heads.to(decoder_parts(model).lm_head.weight.device).train()
     params = [p for p in heads.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     history: list[float] = []
@@ -228,7 +230,7 @@ def train_heads(
         )
     }
     if ckpt is not None and ckpt.is_file():
-        state = torch.load(ckpt, weights_only=False)
+        state = torch.load(ckpt, weights_only=False, map_location="cpu")
         check_resumable(state.get("settings"), settings, ckpt.parent)
         heads.load_state_dict(state["heads"])
         opt.load_state_dict(state["optim"])
@@ -301,8 +303,8 @@ def evaluate_heads(
         losses = {"trained": 0.0, "stock": 0.0}
         for s in range(0, n_pos, chunk):
             e = min(s + chunk, n_pos)
-            h = features.hidden[k][s:e].float()
-            teacher = features.top_ids[s:e, 0]
+            h = features.hidden[k][s:e].to(parts.lm_head.weight.device, torch.float32)
+            teacher = features.top_ids[s:e, 0].to(h.device)
             g = torch.Generator().manual_seed(seed + s)
             cand = candidate_set(features.top_ids[s:e], vocab, 1024, g)
             for name, hd in (("trained", heads), ("stock", None)):
