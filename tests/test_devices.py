@@ -164,3 +164,42 @@ def test_exit_heads_where_the_target_is(lazy_device, tmp_path):
         draft_layer=2, verify_layer=4, num_draft_tokens=2, num_buffer_tokens=2, exit_heads=str(tmp_path)
     )
     check_greedy(cpu, moved, HiSpecDrafter(hs, moved))
+
+
+def test_cli_device_option(capsys, monkeypatch, lazy_device):
+    """`--device auto` is the CPU without a GPU; a device torch cannot use is a one-line error, not a traceback."""
+    from hf_spec.cli.common import resolve_device, resolve_dtype
+    from hf_spec.cli.main import console_main
+    from tests.conftest import STORIES
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
+    assert resolve_dtype("float32", "cuda") == torch.float32
+    with pytest.raises(ValueError, match="torch sees no CUDA device"):
+        resolve_device("cuda:0")
+    with pytest.raises(ValueError, match="not a device torch knows"):
+        resolve_device("gpu7")
+    argv = ["generate", "--target", str(STORIES), "--method", "pld", "--prompt", "Once", "--device"]
+    assert console_main([*argv, "cuda"]) != 0
+    assert "torch sees no CUDA device" in capsys.readouterr().err
+    assert console_main([*argv, "cpu", "--max-new-tokens", "8", "--threads", "1"]) == 0
+    assert console_main([*argv, lazy_device, "--max-new-tokens", "8", "--threads", "1"]) == 0
+    assert "identical to plain greedy generate: yes" in capsys.readouterr().out
+
+
+def test_bench_off_the_cpu(lazy_device, tmp_path):
+    import json
+
+    from hf_spec.cli.main import main
+    from tests.conftest import STORIES
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        json.dumps({"question_id": 1, "category": "writing", "turns": ["Once upon a time, Tom"]}) + "\n"
+    )
+    argv = ["bench", "--target", str(STORIES), "--methods", "ar,pld", "--prompts", str(prompts)]
+    argv += ["--max-new-tokens", "8", "--check-lossless", "--threads", "1", "--device", lazy_device]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 0
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["machine"]["device"] == lazy_device
+    assert all(run.get("lossless", True) for run in results["runs"])

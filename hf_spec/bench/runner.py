@@ -99,6 +99,12 @@ class ForwardCounter:
         self._handle.remove()
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the GPU's queued work, so that wall-clock times cover it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class Method:
     """One benchmarked method: `generate(input_ids, reference)` -> (sequence, stats)."""
 
@@ -125,9 +131,12 @@ class Method:
         if self.needs_reference:
             self.decoder.drafter_for(self.model).set_reference(reference)
         counter.count = 0
+        input_ids = input_ids.to(self.model.device)
+        synchronize(self.model.device)
         start = time.perf_counter()
         with fast_linears(self.model, enabled=self.kernels):
             out = self.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), **self.kwargs)
+        synchronize(self.model.device)
         elapsed = time.perf_counter() - start
         new = out.shape[1] - input_ids.shape[1]
         row = {"new_tokens": new, "seconds": elapsed, "tokens_per_s": new / elapsed}
@@ -201,7 +210,7 @@ def run_bench(
     counter = ForwardCounter(model)
     runs: list[dict] = []
     try:
-        warm = encode_chat(tokenizer, [{"role": "user", "content": prompts[0].turns[0]}])
+        warm = encode_chat(tokenizer, [{"role": "user", "content": prompts[0].turns[0]}]).to(model.device)
         for m in methods:
             ref = model.generate(warm, max_new_tokens=8, do_sample=False) if m.needs_reference else None
             m.kwargs["max_new_tokens"], saved = 8, m.kwargs["max_new_tokens"]
@@ -215,7 +224,7 @@ def run_bench(
                 ar_tokens: list[int] | None = None
                 for m in methods:
                     messages = histories[m.name] + [{"role": "user", "content": turn}]
-                    input_ids = encode_chat(tokenizer, messages)
+                    input_ids = encode_chat(tokenizer, messages).to(model.device)
                     if m.needs_reference and reference is None:
                         reference = model.generate(input_ids, do_sample=False, max_new_tokens=max_new_tokens)
                     out, row = m.generate(input_ids, reference, counter)
@@ -234,7 +243,7 @@ def run_bench(
             bar.close()
     finally:
         counter.close()
-    machine = {**machine_info(), "dtype": dtype_name(model.dtype)}
+    machine = {**machine_info(), "dtype": dtype_name(model.dtype), "device": model.device.type}
     return {"summary": summarize(runs, method_names, check_lossless), "runs": runs, "machine": machine}
 
 
@@ -244,7 +253,9 @@ def compare_greedy(model, input_ids: torch.Tensor, ar_tokens: list[int], new_ids
     at = first_divergence(ar_tokens, new_ids)
     if at is None:
         return {"lossless": True}
-    prefix = torch.cat([input_ids[0], torch.tensor(ar_tokens[:at], dtype=torch.long)])[None]
+    prefix = torch.cat(
+        [input_ids[0], torch.tensor(ar_tokens[:at], dtype=torch.long, device=input_ids.device)]
+    )[None]
     both = at < len(ar_tokens) and at < len(new_ids)
     with torch.no_grad():
         gap = choice_gap(model, prefix, ar_tokens[at], new_ids[at]) if both else float("inf")

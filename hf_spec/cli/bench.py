@@ -7,7 +7,13 @@ import shlex
 import sys
 
 from hf_spec.cli.argtypes import positive_int
-from hf_spec.cli.common import add_dtype_argument, resolve_dtype, set_threads
+from hf_spec.cli.common import (
+    add_device_argument,
+    add_dtype_argument,
+    resolve_device,
+    resolve_dtype,
+    set_threads,
+)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -27,6 +33,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--check-lossless", action="store_true", help="compare every output with ar's")
     p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: all cores)")
     add_dtype_argument(p)
+    add_device_argument(p)
     p.add_argument("--out", required=True, help="output folder for results.json/.md and speedup.png")
     p.set_defaults(func=run)
     return p
@@ -49,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
         methods.insert(0, "ar")
     set_threads(args.threads)
     prompts = load_prompts(args.prompts, args.limit, args.per_category)
-    model, tokenizer = load_model(args.target, dtype=resolve_dtype(args.dtype))
+    device = resolve_device(args.device)
+    model, tokenizer = load_model(args.target, dtype=resolve_dtype(args.dtype, device), device=device)
     results = run_bench(
         model,
         tokenizer,

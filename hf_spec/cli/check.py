@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 
 from hf_spec.cli.argtypes import positive_int
-from hf_spec.cli.common import add_dtype_argument, resolve_dtype, set_threads
+from hf_spec.cli.common import (
+    add_device_argument,
+    add_dtype_argument,
+    resolve_device,
+    resolve_dtype,
+    set_threads,
+)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -18,6 +24,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--target", required=True, help="known model name, folder or Hub id")
     p.add_argument("--threads", type=positive_int, default=None)
     add_dtype_argument(p, default="float32")
+    add_device_argument(p)
     p.set_defaults(func=run)
     return p
 
@@ -27,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
     from hf_spec.models.support import support_report
 
     set_threads(args.threads)
-    model, _ = load_model(args.target, dtype=resolve_dtype(args.dtype))
+    device = resolve_device(args.device)
+    model, _ = load_model(args.target, dtype=resolve_dtype(args.dtype, device), device=device)
     print(f"{args.target}: {type(model).__name__} ({model.config.model_type}), {model.dtype}")
     report = support_report(model)
     width = max(len(topic) for topic in report)

@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 
 from hf_spec.cli.argtypes import nonnegative_int, positive_float, positive_int
-from hf_spec.cli.common import add_dtype_argument, resolve_dtype, set_threads
+from hf_spec.cli.common import (
+    add_device_argument,
+    add_dtype_argument,
+    resolve_device,
+    resolve_dtype,
+    set_threads,
+)
 from hf_spec.training.data import DEFAULT_PROMPTS
 
 
@@ -22,6 +28,7 @@ def add_data_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=positive_int, default=256)
     parser.add_argument("--batch-size", type=positive_int, default=8)
     parser.add_argument("--threads", type=positive_int, help="torch CPU threads")
+    add_device_argument(parser)  # where answers and features are computed (and heads trained)
     parser.add_argument(
         "--samples",
         type=nonnegative_int,
@@ -65,6 +72,7 @@ def conversations_from_args(args: argparse.Namespace):
     from hf_spec.training.data import load_conversations
 
     set_threads(args.threads)
+    device = resolve_device(args.device)
     return load_conversations(
         args.target,
         args.prompts,
@@ -74,7 +82,8 @@ def conversations_from_args(args: argparse.Namespace):
         args.max_new_tokens,
         args.batch_size,
         generate=not args.cached_only,
-        dtype=resolve_dtype(getattr(args, "dtype", "float32")),
+        dtype=resolve_dtype(getattr(args, "dtype", "float32"), device),
+        device=device,
         continue_cut=getattr(args, "continue_cut", False),
         samples=args.samples,
         temperature=args.temperature,

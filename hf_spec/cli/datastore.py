@@ -8,6 +8,7 @@ import sys
 import time
 
 from hf_spec.cli.argtypes import nonnegative_int, positive_int
+from hf_spec.cli.common import add_device_argument, resolve_device
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -44,6 +45,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     b.add_argument("--early-exit-new-tokens", type=positive_int, default=64)
     b.add_argument("--recipe", default=None, help="a recipe .json instead of the source flags")
     b.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: all cores)")
+    add_device_argument(b)
     b.add_argument("--out", required=True, help="output folder")
     b.set_defaults(func=run_build)
     i = sub.add_parser("info", help="print a datastore's recipe and statistics")
@@ -78,7 +80,7 @@ def run_build(args: argparse.Namespace) -> int:
     if recipe.early_exit_prompts:
         from hf_spec.models import load_model
 
-        model, tokenizer = load_model(args.target)
+        model, tokenizer = load_model(args.target, device=resolve_device(args.device))
     else:  # only the tokenizer is needed
         model, tokenizer = None, _load_tokenizer(args.target)
     index, meta = build_datastore(recipe, model, tokenizer)

@@ -8,7 +8,13 @@ import time
 import torch
 
 from hf_spec.cli.argtypes import float_in, positive_float, positive_int
-from hf_spec.cli.common import add_dtype_argument, resolve_dtype, set_threads
+from hf_spec.cli.common import (
+    add_device_argument,
+    add_dtype_argument,
+    resolve_device,
+    resolve_dtype,
+    set_threads,
+)
 
 DEFAULT_PROMPT = """Add type hints and a docstring to this function, and keep everything else unchanged:
 
@@ -41,6 +47,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-compare", action="store_true", help="skip the plain-generate baseline")
     p.add_argument("--threads", type=positive_int, default=None)
     add_dtype_argument(p, default="auto")
+    add_device_argument(p)
     p.set_defaults(func=run)
     return p
 
@@ -55,8 +62,9 @@ def run(args: argparse.Namespace) -> int:
 
     parse_method(args.method)  # a bad method spec fails before the model loads
     threads = set_threads(args.threads)
-    model, tokenizer = load_model(args.target, dtype=resolve_dtype(args.dtype))
-    input_ids = encode_chat(tokenizer, [{"role": "user", "content": args.prompt}])
+    device = resolve_device(args.device)
+    model, tokenizer = load_model(args.target, dtype=resolve_dtype(args.dtype, device), device=device)
+    input_ids = encode_chat(tokenizer, [{"role": "user", "content": args.prompt}]).to(model.device)
     kwargs = dict(max_new_tokens=args.max_new_tokens, attention_mask=torch.ones_like(input_ids))
     kwargs.update(
         do_sample=True, temperature=args.temperature, top_p=args.top_p

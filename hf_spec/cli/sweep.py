@@ -10,7 +10,13 @@ import sys
 from pathlib import Path
 
 from hf_spec.cli.argtypes import positive_int
-from hf_spec.cli.common import add_dtype_argument, resolve_dtype, set_threads
+from hf_spec.cli.common import (
+    add_device_argument,
+    add_dtype_argument,
+    resolve_device,
+    resolve_dtype,
+    set_threads,
+)
 
 
 def _ints(text: str | None) -> list[int]:
@@ -49,6 +55,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     h.add_argument("--ni-values", type=_ints, default=[], help="N_i values to sweep at the best pair")
     h.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: all cores)")
     add_dtype_argument(h)
+    add_device_argument(h)
     h.add_argument(
         "--out", required=True, help="folder for sweep.json/.md, heatmap.png, nd_ni.png, best config"
     )
@@ -82,7 +89,8 @@ def run_hispec(args: argparse.Namespace) -> int:
         return 2
     set_threads(args.threads)
     prompts = load_prompts(args.prompts, args.limit, args.per_category)
-    model, tokenizer = load_model(args.target, dtype=resolve_dtype(args.dtype))
+    device = resolve_device(args.device)
+    model, tokenizer = load_model(args.target, dtype=resolve_dtype(args.dtype, device), device=device)
     out = Path(args.out)
 
     def bar(total: int, desc: str):

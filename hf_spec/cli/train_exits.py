@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from hf_spec.cli.argtypes import int_at_least, nonnegative_int, positive_float, positive_int
-from hf_spec.cli.common import set_threads
+from hf_spec.cli.common import add_device_argument, resolve_device, set_threads
 
 DEFAULT_DATA = "../shared/data/train/responses/{target}.jsonl"
 
@@ -19,6 +19,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "exits", help="fit light exit heads (adapter -> frozen final norm + LM head) by distillation"
     )
     p.add_argument("--target", required=True, help="known model name or local folder")
+    add_device_argument(p)
     p.add_argument("--layers", required=True, help="comma list of exit layers, e.g. 4,8,12,16,20")
     p.add_argument("--out", required=True, help="output folder (config.json, model.safetensors, README.md)")
     p.add_argument(
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     if not Path(data).is_file():
         print(f"no training data at {data} (pass --data)", file=sys.stderr)
         return 2
-    model, tokenizer = load_model(args.target)
+    model, tokenizer = load_model(args.target, device=resolve_device(args.device))
     heads = ExitHeads.for_target(model, layers, rank=args.rank, target_name=Path(args.target).name)
     work = Path(args.work_dir or f"{args.out.rstrip('/')}.work")
 

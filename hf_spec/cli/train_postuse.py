@@ -15,7 +15,13 @@ import json
 from pathlib import Path
 
 from hf_spec.cli.argtypes import nonnegative_int, positive_int
-from hf_spec.cli.common import add_dtype_argument, resolve_dtype, set_threads
+from hf_spec.cli.common import (
+    add_device_argument,
+    add_dtype_argument,
+    resolve_device,
+    resolve_dtype,
+    set_threads,
+)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -31,6 +37,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--epsilon", type=float, default=None, help="exploration while learning (default: config)")
     p.add_argument("--threads", type=positive_int, default=None)
     add_dtype_argument(p)  # learn the table in the dtype it will run in: draft and target costs depend on it
+    add_device_argument(p)
     p.add_argument("--out", required=True, help="where to write the Q-table JSON")
     p.set_defaults(func=run)
     return p
@@ -82,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
     if not prompts:
         raise SystemExit(f"no prompts in {args.prompts} after --skip {args.skip}")
     set_threads(args.threads)
-    model, tokenizer = load_model(args.target, dtype=resolve_dtype(args.dtype))
+    device = resolve_device(args.device)
+    model, tokenizer = load_model(args.target, dtype=resolve_dtype(args.dtype, device), device=device)
     decoder = SpeculativeDecoder(config, tokenizer=tokenizer)
     drafter = decoder.drafter_for(model)
     bar = tqdm(prompts, desc="train postuse", unit="prompt")

@@ -24,6 +24,7 @@ def load_conversations(
     tokenizer=None,
     generate: bool = True,
     dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
     continue_cut: bool = False,
     samples: int = 0,
     temperature: float = 0.7,
@@ -35,7 +36,7 @@ def load_conversations(
     from hf_spec.models.fetch import dtype_name, load_model
 
     if model is None:
-        model, tokenizer = load_model(target, dtype=dtype)
+        model, tokenizer = load_model(target, dtype=dtype, device=device)
     prompts = [p for path in (prompt_files or DEFAULT_PROMPTS) for p in load_train_prompts(path, limit)]
     cache = ResponseCache(data_dir or default_data_dir(target))
     cache.bind_target(model)
