@@ -34,11 +34,21 @@ def lazy_device() -> str:
     return "lazy"
 
 
+def to_lazy(model, device: str):
+    """`model` on the lazy device, its graphs cut after every layer (else they grow with the KV cache all
+    generation long: the backend only runs a graph when a value is read)."""
+    import torch._lazy
+
+    for layer in model.model.layers:
+        layer.register_forward_hook(lambda *_: torch._lazy.mark_step())
+    return model.to(device)
+
+
 @pytest.fixture(scope="module")
 def on_device(lazy_device):
     """A tiny llama on the CPU (for references and for building heads) and its copy on the stand-in device."""
     cpu = make_tiny_model("llama", seed=0)
-    moved = make_tiny_model("llama", seed=0).to(lazy_device)
+    moved = to_lazy(make_tiny_model("llama", seed=0), lazy_device)
     return cpu, moved
 
 
@@ -60,6 +70,24 @@ def check_greedy(cpu, moved, spec, seed: int = 1, new_tokens: int = NEW_TOKENS) 
 )
 def test_methods_off_the_cpu(on_device, spec):
     check_greedy(*on_device, spec)
+
+
+def test_method_options_off_the_cpu(on_device):
+    """Post-use's cache at drafter and target, Talon's best-of switch with the retrieval extension, sampling."""
+    from hf_spec.methods.postuse import PostUseConfig, PostUseDrafter
+    from hf_spec.methods.talon import TalonConfig, TalonDrafter
+
+    cpu, moved = on_device
+    for seed in (1, 3):
+        fixed = PostUseConfig(drafter="early-exit:2", precut=False, draft_length=2, admit_prompt=True)
+        check_greedy(cpu, moved, PostUseDrafter(fixed, moved), seed=seed)
+        check_greedy(cpu, moved, PostUseDrafter(PostUseConfig(drafter="early-exit:2"), moved), seed=seed)
+        check_greedy(cpu, moved, TalonDrafter(TalonConfig(switch="best", extend_tokens=3), moved), seed=seed)
+    ids = prompt_ids(12, seed=2).to(moved.device)
+    for spec in ("early-exit:2", "talon", "hispec"):
+        decoder = SpeculativeDecoder(spec)
+        out = moved.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=True, custom_generate=decoder)
+        assert out.device == moved.device and out.shape[1] == ids.shape[1] + NEW_TOKENS
 
 
 @pytest.mark.parametrize("kind", ["eagle", "lyanna"])
@@ -144,7 +172,7 @@ def test_exit_heads_where_the_target_is(lazy_device, tmp_path):
     from hf_spec.methods.hispec.drafter import HiSpecDrafter
 
     cpu = make_tiny_model("llama", layers=6)
-    moved = make_tiny_model("llama", layers=6).to(lazy_device)
+    moved = to_lazy(make_tiny_model("llama", layers=6), lazy_device)
     seqs = [(cpu.generate(prompt_ids(8, seed=s), max_new_tokens=12, do_sample=False)[0], 7) for s in range(3)]
     feats = extract_features(cpu, seqs, [2, 4], top_k=8)
     feats_dev = extract_features(moved, seqs, [2, 4], top_k=8)
