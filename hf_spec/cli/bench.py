@@ -10,8 +10,7 @@ from hf_spec.cli.argtypes import positive_int
 from hf_spec.cli.common import (
     add_device_argument,
     add_dtype_argument,
-    resolve_device,
-    resolve_dtype,
+    load_target,
     set_threads,
 )
 
@@ -43,7 +42,6 @@ def run(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from hf_spec.bench.runner import load_prompts, markdown_table, run_bench, write_outputs
-    from hf_spec.models import load_model
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not methods:
@@ -56,8 +54,7 @@ def run(args: argparse.Namespace) -> int:
         methods.insert(0, "ar")
     set_threads(args.threads)
     prompts = load_prompts(args.prompts, args.limit, args.per_category)
-    device = resolve_device(args.device)
-    model, tokenizer = load_model(args.target, dtype=resolve_dtype(args.dtype, device), device=device)
+    model, tokenizer = load_target(args)
     results = run_bench(
         model,
         tokenizer,

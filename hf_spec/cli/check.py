@@ -8,8 +8,7 @@ from hf_spec.cli.argtypes import positive_int
 from hf_spec.cli.common import (
     add_device_argument,
     add_dtype_argument,
-    resolve_device,
-    resolve_dtype,
+    load_target,
     set_threads,
 )
 
@@ -30,12 +29,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hf_spec.models import load_model
     from hf_spec.models.support import support_report
 
     set_threads(args.threads)
-    device = resolve_device(args.device)
-    model, _ = load_model(args.target, dtype=resolve_dtype(args.dtype, device), device=device)
+    model, _ = load_target(args)
     print(f"{args.target}: {type(model).__name__} ({model.config.model_type}), {model.dtype}")
     report = support_report(model)
     width = max(len(topic) for topic in report)

@@ -49,6 +49,15 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def load_target(args):
+    """`(model, tokenizer)` of `--target` on `--device`, in `--dtype` (float32 for commands without one)."""
+    from hf_spec.models import load_model
+
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(getattr(args, "dtype", "float32"), device)
+    return load_model(args.target, dtype=dtype, device=device)
+
+
 def resolve_dtype(name: str, device: torch.device | str = "cpu") -> torch.dtype:
     """`auto` picks bfloat16 on a GPU that has it and where the CPU multiplies it natively, else float32."""
     if name == "auto" and torch.device(device).type == "cuda":

@@ -8,7 +8,7 @@ import sys
 import time
 
 from hf_spec.cli.argtypes import nonnegative_int, positive_int
-from hf_spec.cli.common import add_device_argument, resolve_device
+from hf_spec.cli.common import add_device_argument, load_target
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -78,9 +78,7 @@ def run_build(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     start = time.perf_counter()
     if recipe.early_exit_prompts:
-        from hf_spec.models import load_model
-
-        model, tokenizer = load_model(args.target, device=resolve_device(args.device))
+        model, tokenizer = load_target(args)
     else:  # only the tokenizer is needed
         model, tokenizer = None, _load_tokenizer(args.target)
     index, meta = build_datastore(recipe, model, tokenizer)

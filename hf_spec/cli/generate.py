@@ -11,8 +11,7 @@ from hf_spec.cli.argtypes import float_in, positive_float, positive_int
 from hf_spec.cli.common import (
     add_device_argument,
     add_dtype_argument,
-    resolve_device,
-    resolve_dtype,
+    load_target,
     set_threads,
 )
 
@@ -57,13 +56,11 @@ def run(args: argparse.Namespace) -> int:
 
     from hf_spec import SpeculativeDecoder
     from hf_spec.bench.runner import encode_chat
-    from hf_spec.models import load_model
     from hf_spec.registry import parse_method
 
     parse_method(args.method)  # a bad method spec fails before the model loads
     threads = set_threads(args.threads)
-    device = resolve_device(args.device)
-    model, tokenizer = load_model(args.target, dtype=resolve_dtype(args.dtype, device), device=device)
+    model, tokenizer = load_target(args)
     input_ids = encode_chat(tokenizer, [{"role": "user", "content": args.prompt}]).to(model.device)
     kwargs = dict(max_new_tokens=args.max_new_tokens, attention_mask=torch.ones_like(input_ids))
     kwargs.update(

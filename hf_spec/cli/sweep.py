@@ -13,8 +13,7 @@ from hf_spec.cli.argtypes import positive_int
 from hf_spec.cli.common import (
     add_device_argument,
     add_dtype_argument,
-    resolve_device,
-    resolve_dtype,
+    load_target,
     set_threads,
 )
 
@@ -76,7 +75,6 @@ def run_hispec(args: argparse.Namespace) -> int:
         write_sweep,
     )
     from hf_spec.methods.hispec.config import HiSpecConfig
-    from hf_spec.models import load_model
 
     grid = [
         HiSpecConfig(d, i, args.num_draft_tokens, args.num_buffer_tokens, args.exit_heads, args.draft_vocab)
@@ -89,8 +87,7 @@ def run_hispec(args: argparse.Namespace) -> int:
         return 2
     set_threads(args.threads)
     prompts = load_prompts(args.prompts, args.limit, args.per_category)
-    device = resolve_device(args.device)
-    model, tokenizer = load_model(args.target, dtype=resolve_dtype(args.dtype, device), device=device)
+    model, tokenizer = load_target(args)
     out = Path(args.out)
 
     def bar(total: int, desc: str):

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from hf_spec.cli.argtypes import int_at_least, nonnegative_int, positive_float, positive_int
-from hf_spec.cli.common import add_device_argument, resolve_device, set_threads
+from hf_spec.cli.common import add_device_argument, load_target, set_threads
 
 DEFAULT_DATA = "../shared/data/train/responses/{target}.jsonl"
 
@@ -76,7 +76,6 @@ def run(args: argparse.Namespace) -> int:
         tokenize_rows,
         train_heads,
     )
-    from hf_spec.models import load_model
     from hf_spec.output_folder import check_output_folder, holds_model_type
 
     set_threads(args.threads)
@@ -93,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     if not Path(data).is_file():
         print(f"no training data at {data} (pass --data)", file=sys.stderr)
         return 2
-    model, tokenizer = load_model(args.target, device=resolve_device(args.device))
+    model, tokenizer = load_target(args)
     heads = ExitHeads.for_target(model, layers, rank=args.rank, target_name=Path(args.target).name)
     work = Path(args.work_dir or f"{args.out.rstrip('/')}.work")
 

@@ -18,8 +18,7 @@ from hf_spec.cli.argtypes import nonnegative_int, positive_int
 from hf_spec.cli.common import (
     add_device_argument,
     add_dtype_argument,
-    resolve_device,
-    resolve_dtype,
+    load_target,
     set_threads,
 )
 
@@ -77,7 +76,6 @@ def run(args: argparse.Namespace) -> int:
     from hf_spec.bench.runner import encode_chat
     from hf_spec.decoder import SpeculativeDecoder
     from hf_spec.methods.postuse.config import PostUseConfig
-    from hf_spec.models import load_model
 
     config = PostUseConfig.from_pretrained(args.config)
     if not config.precut:
@@ -89,8 +87,7 @@ def run(args: argparse.Namespace) -> int:
     if not prompts:
         raise SystemExit(f"no prompts in {args.prompts} after --skip {args.skip}")
     set_threads(args.threads)
-    device = resolve_device(args.device)
-    model, tokenizer = load_model(args.target, dtype=resolve_dtype(args.dtype, device), device=device)
+    model, tokenizer = load_target(args)
     decoder = SpeculativeDecoder(config, tokenizer=tokenizer)
     drafter = decoder.drafter_for(model)
     bar = tqdm(prompts, desc="train postuse", unit="prompt")
