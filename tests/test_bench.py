@@ -166,3 +166,18 @@ def test_dtype_choice(monkeypatch):
         < near_tie_threshold(torch.float16)
         < near_tie_threshold(torch.bfloat16)
     )
+
+
+def test_sweep_hispec_writes_the_grid_the_best_pair_and_the_size_sweeps(tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [
+        {"question_id": i, "category": "writing", "turns": [t]} for i, t in enumerate(["Once upon", "Lily"])
+    ]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = ["sweep", "hispec", "--target", str(STORIES), "--prompts", str(prompts), "--max-new-tokens", "10"]
+    argv += ["--draft-layers", "1,2", "--verify-layers", "3", "--nd-values", "1,2", "--ni-values", "2"]
+    assert main([*argv, "--threads", "1", "--out", str(tmp_path / "out")]) == 0
+    sweep = json.loads((tmp_path / "out" / "sweep.json").read_text())
+    assert sweep["best"] in sweep["summary"] and (tmp_path / "out" / "heatmap.png").exists()
+    assert all(s["mismatches"] == 0 for name, s in sweep["summary"].items() if not name.startswith("ar"))
+    assert len([k for k in sweep["summary"] if not k.startswith("ar")]) >= 4  # 2 pairs + N_d 1, 2 + N_i 2

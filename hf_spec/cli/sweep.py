@@ -77,7 +77,14 @@ def run_hispec(args: argparse.Namespace) -> int:
     from hf_spec.methods.hispec.config import HiSpecConfig
 
     grid = [
-        HiSpecConfig(d, i, args.num_draft_tokens, args.num_buffer_tokens, args.exit_heads, args.draft_vocab)
+        HiSpecConfig(
+            draft_layer=d,
+            verify_layer=i,
+            num_draft_tokens=args.num_draft_tokens,
+            num_buffer_tokens=args.num_buffer_tokens,
+            exit_heads=args.exit_heads,
+            draft_vocab=args.draft_vocab,
+        )
         for d in args.draft_layers
         for i in args.verify_layers
         if d < i

@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     drafter = decoder.drafter_for(model)
     bar = tqdm(prompts, desc="train postuse", unit="prompt")
     for text in bar:
-        ids = encode_chat(tokenizer, [{"role": "user", "content": text}])
+        ids = encode_chat(tokenizer, [{"role": "user", "content": text}]).to(model.device)
         with torch.no_grad():
             model.generate(
                 ids,
