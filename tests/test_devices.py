@@ -153,7 +153,7 @@ def test_training_data_and_losses_where_the_target_is(lazy_device, tmp_path):
         loss, accs, _ = head_step(
             head, batch_on(collate(seqs, 64), model.device), EagleTrainConfig(topk=2), t2d
         )
-        return convs, seqs, float(loss), accs
+        return convs, seqs, float(loss.detach()), accs
 
     convs, seqs, loss, accs = run("cpu")
     convs_dev, seqs_dev, loss_dev, accs_dev = run(lazy_device)
