@@ -72,6 +72,23 @@ def test_methods_off_the_cpu(on_device, spec):
     check_greedy(*on_device, spec)
 
 
+def test_qwen2_with_tied_embeddings_off_the_cpu(lazy_device):
+    """The main target's shape: Qwen2 (attention biases) with its LM head tied to the embedding."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.conftest import tiny_config
+
+    config = tiny_config("qwen2")
+    config.tie_word_embeddings = True
+    torch.manual_seed(0)
+    cpu = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+    moved = to_lazy(AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval(), lazy_device)
+    moved.load_state_dict(cpu.state_dict())
+    assert moved.lm_head.weight is moved.model.embed_tokens.weight
+    for spec in ("early-exit:2", "talon", "hispec"):
+        check_greedy(cpu, moved, spec)
+
+
 def test_method_options_off_the_cpu(on_device):
     """Post-use's cache at drafter and target, Talon's best-of switch with the retrieval extension, sampling."""
     from hf_spec.methods.postuse import PostUseConfig, PostUseDrafter
