@@ -73,7 +73,8 @@ def test_methods_off_the_cpu(on_device, spec):
 
 
 def test_qwen2_with_tied_embeddings_off_the_cpu(lazy_device):
-    """The main target's shape: Qwen2 (attention biases) with its LM head tied to the embedding."""
+    """The main target's shape: Qwen2 (attention biases), LM head tied to the embedding (the lazy backend's move
+    unties the two parameters; their values stay equal)."""
     from transformers import AutoModelForCausalLM
 
     from tests.conftest import tiny_config
