@@ -248,3 +248,43 @@ def test_bench_off_the_cpu(lazy_device, tmp_path):
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert results["machine"]["device"] == lazy_device
     assert all(run.get("lossless", True) for run in results["runs"])
+
+
+def test_heads_in_batches_and_sampling_off_the_cpu(on_device, tmp_path):
+    """Head drafters per batch row (`for_another_row`), Post-use around a head, and sampled drafts from heads."""
+    from hf_spec.methods.postuse import PostUseConfig, PostUseDrafter
+
+    cpu, moved = on_device
+    torch.manual_seed(0)
+    eagle = EagleHeadModel(EagleHeadConfig.for_target(cpu, 64))
+    eagle.init_layer_from(cpu)
+    eagle.save_pretrained(tmp_path / "eagle")
+    LyannaHeadModel(LyannaHeadConfig.for_target(cpu, 64, token_info_rank=8)).save_pretrained(
+        tmp_path / "lyanna"
+    )
+    eagle_cfg = dict(depth=2, topk=2, total_tokens=4, head=str(tmp_path / "eagle"))
+    drafters = {
+        "eagle": lambda: EagleDrafter(EagleConfig(**eagle_cfg), moved),
+        "lyanna": lambda: LyannaDrafter(
+            LyannaConfig(depth=3, topk=2, budget=4, head=str(tmp_path / "lyanna")), moved
+        ),
+        "postuse": lambda: PostUseDrafter(
+            PostUseConfig(drafter={"method": "eagle", **eagle_cfg}, precut=False), moved
+        ),
+    }
+    ids = torch.zeros(2, 10, dtype=torch.long)
+    ids[0], ids[1, 4:] = prompt_ids(10, seed=2)[0], prompt_ids(6, seed=3)[0]
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+    kw = dict(max_new_tokens=10, pad_token_id=0)
+    ref = cpu.generate(ids, attention_mask=mask, do_sample=False, **kw)
+    for name, make in drafters.items():
+        out = moved.generate(
+            ids.to(moved.device), attention_mask=mask.to(moved.device), do_sample=False,
+            custom_generate=SpeculativeDecoder(make()), **kw,
+        )  # fmt: skip
+        assert torch.equal(out.cpu(), ref), name
+        sampled = moved.generate(
+            ids[:1].to(moved.device), do_sample=True, custom_generate=SpeculativeDecoder(make()), **kw
+        )
+        assert sampled.shape == (1, 20), name
