@@ -21,7 +21,7 @@ import torch
 
 from hf_spec.kernels import cpu_skinny_gemm as csg
 from hf_spec.kernels.skinny_linear import fast_linears, skinny_linear
-from hf_spec.kernels.weight_only import QuantizedWeight, draft_linears, quantize_linears
+from hf_spec.kernels.weight_only import QuantizedWeight, draft_linears
 
 SHAPES = [
     (896, 896),
@@ -77,6 +77,7 @@ def step(target: str, heads: str, exit_layer: int = 22, past: int = 300, reps: i
     from transformers import DynamicCache
 
     from hf_spec.heads.exits.model import load_exit_lm
+    from hf_spec.methods.early_exit.drafter import quantize_draft_layers
     from hf_spec.models import load_model
     from hf_spec.models.layers import decoder_parts, run_layers
     from hf_spec.verify.cache import crop_cache
@@ -103,10 +104,7 @@ def step(target: str, heads: str, exit_layer: int = 22, past: int = 300, reps: i
         return statistics.median(layer_ms) * 1000, statistics.median(head_ms) * 1000
 
     def packed(scheme: str):
-        q = {}
-        for layer in parts.layers[:exit_layer]:
-            q.update(quantize_linears(layer, scheme, max_rows=32))
-
+        q = quantize_draft_layers(parts, exit_layer, scheme)
         return lambda: draft_linears(model, q)
 
     print(f"{target}: a draft step of layers [0, {exit_layer}) + exit head after {past} cached tokens, ms")

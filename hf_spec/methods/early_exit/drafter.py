@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
@@ -28,6 +30,24 @@ def quantize_draft_layers(
     return quantized
 
 
+class ExitDraftParts(NamedTuple):
+    layer: int
+    exits: ExitLM
+    quantized: dict[nn.Linear, QuantizedWeight]
+
+
+def exit_draft_parts(config: EarlyExitConfig, model) -> ExitDraftParts:
+    """What an `early-exit` config drafts with: its exit layer (default 3/4 of the depth, checked), the exit LM
+    (trained heads or the stock ones, checked to cover that layer) and the packed draft weights it asks for."""
+    parts = decoder_parts(model)
+    layer = config.exit_layer or max(1, round(0.75 * parts.num_layers))
+    if not 0 < layer < parts.num_layers:
+        raise ValueError(f"exit_layer must be in [1, {parts.num_layers - 1}], got {config.exit_layer}")
+    exits = load_exit_lm(model, config.exit_heads or None, config.draft_vocab)
+    exits.check_layers(layer)
+    return ExitDraftParts(layer, exits, quantize_draft_layers(parts, layer, config.quantize, exits))
+
+
 class EarlyExitDrafter(Drafter, StepwiseDrafter):
     """Drafts with the target's first `exit_layer` layers, reusing (then rolling back) their KV cache."""
 
@@ -36,14 +56,7 @@ class EarlyExitDrafter(Drafter, StepwiseDrafter):
     def __init__(self, config: EarlyExitConfig, model, tokenizer=None) -> None:
         super().__init__(config, model, tokenizer)
         self.parts = decoder_parts(model)
-        self.exit_layer = config.exit_layer or max(1, round(0.75 * self.parts.num_layers))
-        if not 0 < self.exit_layer < self.parts.num_layers:
-            raise ValueError(
-                f"exit_layer must be in [1, {self.parts.num_layers - 1}], got {config.exit_layer}"
-            )
-        self.exits = load_exit_lm(model, config.exit_heads or None, config.draft_vocab)
-        self.exits.check_layers(self.exit_layer)
-        self.quantized = quantize_draft_layers(self.parts, self.exit_layer, config.quantize, self.exits)
+        self.exit_layer, self.exits, self.quantized = exit_draft_parts(config, model)
 
     def begin(self, state: SpecState) -> None:
         self.parts.check_window(state.generation_config.max_length, "early exit")
@@ -61,9 +74,8 @@ class EarlyExitDrafter(Drafter, StepwiseDrafter):
         chain: list[int] = []
         siblings: list[list[int]] = []
         try:
-            with draft_linears(
-                self.model, self.quantized
-            ):  # same weights as the step-wise path (`_step_forward`)
+            # the same weights as the step-wise path (`_step_forward`)
+            with draft_linears(self.model, self.quantized):
                 for step in range(depth):
                     position_ids = torch.tensor([[past + step]], device=token.device)
                     hidden = run_layers(

@@ -6,11 +6,10 @@ from typing import NamedTuple
 
 import torch
 
-from hf_spec.heads.exits.model import load_exit_lm
 from hf_spec.kernels.screened_head import max_screened_rows
 from hf_spec.methods.base import Drafter, RoundResult, SpecState, check_wrappable
 from hf_spec.methods.early_exit.config import EarlyExitConfig
-from hf_spec.methods.early_exit.drafter import quantize_draft_layers
+from hf_spec.methods.early_exit.drafter import exit_draft_parts
 from hf_spec.methods.retrieval.config import RetrievalConfig
 from hf_spec.methods.retrieval.retriever import Retriever
 from hf_spec.methods.talon.chain import ExitChain
@@ -18,7 +17,6 @@ from hf_spec.methods.talon.config import TalonConfig
 from hf_spec.methods.talon.overlap import DraftWorker
 from hf_spec.methods.talon.preverify import PreVerified, finish_verification, pre_verify
 from hf_spec.methods.talon.switch import CostAwareSwitch
-from hf_spec.models.layers import decoder_parts
 from hf_spec.registry import get_method, parse_method
 from hf_spec.tree.buffers import DraftTree
 from hf_spec.tree.fusion import fuse_trees, fused_path, matched_depth
@@ -71,16 +69,13 @@ class TalonDrafter(Drafter):
         if config.drafter:
             sub_config = parse_method(config.drafter)
             if isinstance(sub_config, EarlyExitConfig):
-                layers = decoder_parts(model).num_layers
-                layer = sub_config.exit_layer or max(1, round(0.75 * layers))
-                exits = load_exit_lm(model, sub_config.exit_heads or None, sub_config.draft_vocab)
-                exits.check_layers(layer)
+                layer, exits, quantized = exit_draft_parts(sub_config, model)
                 self.chain = ExitChain(
                     model,
                     layer,
                     head=functools.partial(exits.logits, layer),
                     min_confidence=sub_config.min_confidence,
-                    quantized=quantize_draft_layers(exits.parts, layer, sub_config.quantize, exits),
+                    quantized=quantized,
                 )
                 self.chain_len = sub_config.num_draft_tokens
             else:
