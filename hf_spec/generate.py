@@ -29,7 +29,7 @@ from hf_spec.kernels.screened_head import screened_lm_head, screening_applies
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
 from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
 from hf_spec.verify.acceptance import Acceptance, accept_greedy, accept_sampling
-from hf_spec.verify.cache import cache_length, check_rewindable, compact_cache
+from hf_spec.verify.cache import cache_length, check_rewindable, compact_cache, crop_cache
 from hf_spec.verify.compat import check_tree_verification
 from hf_spec.verify.windows import attention_windows, rewindable_cache, sequence_mask
 
@@ -180,8 +180,16 @@ def speculative_generate(
     t0 = time.perf_counter()
     state = SpecState(model, cache, input_ids, generation_config)
     past = cache_length(cache)
-    if past >= input_ids.shape[1]:
-        raise ValueError(f"the cache already holds {past} tokens but the prompt has {input_ids.shape[1]}")
+    if past > input_ids.shape[1]:
+        raise ValueError(
+            f"the cache holds {past} tokens but the prompt only {input_ids.shape[1]}: pass the whole sequence "
+            "the cache was built from, followed by the new tokens"
+        )
+    if (
+        past == input_ids.shape[1]
+    ):  # the whole prompt is cached: its last token is fed again as the first root
+        past -= 1
+        crop_cache(cache, past)
     if input_ids.shape[1] - 1 > past:
         out = model(
             input_ids=input_ids[:, past:-1],

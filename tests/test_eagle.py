@@ -282,6 +282,30 @@ def test_draft_step_branches_equal_chain_steps(trained):
     assert drafter.cache.get_seq_length() == committed
 
 
+def test_head_drafts_after_a_cached_prefix_and_across_turns(trained):
+    """With `past_key_values` the head has no features of the cached positions: it starts after them, still
+    drafting what gets accepted, and a second turn continues the first turn's returned cache."""
+    model, head, _, _ = trained
+    ids = prompt_ids(16, seed=1)
+    ref = model.generate(ids, max_new_tokens=40, do_sample=False)
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids[:, :8], past_key_values=cache)
+    dec = SpeculativeDecoder(EagleDrafter(EagleConfig(depth=4, topk=3, total_tokens=10), model, head=head))
+    first = model.generate(
+        ids, past_key_values=cache, max_new_tokens=40, do_sample=False, custom_generate=dec,
+        return_dict_in_generate=True,
+    )  # fmt: skip
+    assert torch.equal(first.sequences, ref)
+    assert dec.last_stats.accepted_tokens > 0
+    turn2 = torch.cat([first.sequences, prompt_ids(6, seed=9)], dim=1)
+    out = model.generate(
+        turn2, past_key_values=first.past_key_values, max_new_tokens=30, do_sample=False, custom_generate=dec
+    )
+    assert torch.equal(out, model.generate(turn2, max_new_tokens=30, do_sample=False))
+    assert dec.last_stats.accepted_tokens > 0
+
+
 @pytest.mark.parametrize("name", ["all", "precut-only"])
 def test_postuse_around_a_head_equals_generate(trained, name):
     """Post-use & Pre-cut wrap an EAGLE head step-wise (drafter-side reuse, Pre-cut) and at the target."""

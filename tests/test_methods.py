@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from transformers import DynamicCache
 
 from hf_spec import SpeculativeDecoder, list_methods
 from hf_spec.heads.eagle import EagleHeadConfig, EagleHeadModel
@@ -72,6 +73,35 @@ def test_greedy_equals_generate(tiny_model, spec, seed):
     out = tiny_model.generate(ids, max_new_tokens=40, do_sample=False, custom_generate=dec)
     assert torch.equal(out, ref)
     assert dec.last_stats.new_tokens == ref.shape[1] - ids.shape[1]
+
+
+@pytest.mark.parametrize("spec", METHOD_SPECS)
+def test_passed_in_cache_of_a_prefix_or_the_whole_prompt(tiny_llama, spec):
+    """`past_key_values` holding a prefix (prompt caching) or the whole prompt continues as transformers does;
+    head drafters start at the first position the call prefills."""
+    ids = prompt_ids(14, seed=1)
+    ref = tiny_llama.generate(ids, max_new_tokens=30, do_sample=False)
+    for cached in (6, 14):
+        cache = DynamicCache(config=tiny_llama.config)
+        with torch.no_grad():
+            tiny_llama(ids[:, :cached], past_key_values=cache)
+        dec = decoder_for(spec, tiny_llama)
+        out = tiny_llama.generate(
+            ids, past_key_values=cache, max_new_tokens=30, do_sample=False, custom_generate=dec
+        )
+        assert torch.equal(out, ref), cached
+        assert dec.last_stats.new_tokens == 30
+
+
+def test_cache_longer_than_the_prompt_is_refused(tiny_llama):
+    ids = prompt_ids(14, seed=1)
+    cache = DynamicCache(config=tiny_llama.config)
+    with torch.no_grad():
+        tiny_llama(ids, past_key_values=cache)
+    with pytest.raises(ValueError, match="the cache holds 14 tokens but the prompt only 10"):
+        tiny_llama.generate(
+            ids[:, :10], past_key_values=cache, max_new_tokens=5, custom_generate=SpeculativeDecoder("pld")
+        )
 
 
 @pytest.mark.parametrize("spec", ["pld", "early-exit:2", "oracle:5"])

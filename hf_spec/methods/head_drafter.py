@@ -106,6 +106,7 @@ class HeadDrafter(Drafter):
         self.dtype = next(self.head.parameters()).dtype  # the target's: the head runs in its precision
         self.cache = DynamicCache()
         self.pending_features: list[torch.Tensor] = []  # [n, H] chunks
+        self.skipped = 0  # prompt positions before the head's first (cached before this call: no features)
 
     @contextlib.contextmanager
     def fast_head(self) -> Iterator[None]:
@@ -126,13 +127,19 @@ class HeadDrafter(Drafter):
         return twin
 
     def begin(self, state: SpecState) -> None:
+        """Take the target features of the prompt positions prefilled in this call. Positions whose keys came in
+        a passed-in cache (`past_key_values`) have none: the head starts after them (`self.skipped`); with a
+        one-token or wholly cached prompt it sits out the first round."""
         self.cache = DynamicCache()
-        if state.seq_len == 1:  # a one-token prompt: nothing prefilled, the first round drafts nothing
-            self.pending_features = []
-            return
-        if state.hidden_states is None or state.hidden_states.shape[1] != state.seq_len - 1:
-            raise ValueError(f"{self.config.method} needs the target's hidden states of the prompt")
-        self.pending_features = [unit_features(state.hidden_states[0], self.norm).to(self.dtype)]
+        seen = 0 if state.hidden_states is None else state.hidden_states.shape[1]
+        if seen > state.seq_len - 1:
+            raise ValueError(
+                f"{self.config.method}: {seen} prompt features for {state.seq_len - 1} positions"
+            )
+        self.skipped = state.seq_len - 1 - seen
+        self.pending_features = (
+            [unit_features(state.hidden_states[0], self.norm).to(self.dtype)] if seen else []
+        )
 
     def can_draft(self) -> bool:
         """False before the head has seen any target features (the first round after a one-token prompt)."""
@@ -151,9 +158,10 @@ class HeadDrafter(Drafter):
         self.pending_features = []
         past = cache_length(self.cache)
         first = state.seq_len - features.shape[0]
-        if first != past + 1:
+        if first != self.skipped + past + 1:
             raise RuntimeError(
-                f"{self.config.method} head cache out of step: holds {past} positions, next is {first}"
+                f"{self.config.method} head cache out of step: holds {past} positions after {self.skipped} "
+                f"skipped, next is {first}"
             )
         ids = state.input_ids[:, first:]
         positions = torch.arange(first, state.seq_len, device=self.device).view(1, -1)
