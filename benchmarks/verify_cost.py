@@ -51,8 +51,9 @@ def _text_ids(tok, path: str, n: int) -> torch.Tensor | None:
 
 
 def measure(model, past: int, text: torch.Tensor | None = None) -> None:
-    """The C++ kernels are float32 only: in other dtypes the second column differs from stock only where
-    `mm_trick_pays` routes 8-32 rows through `(W @ x.T).T` (`HF_SPEC_MM_TRICK=0/1` forces either)."""
+    """In bfloat16 the second column is the kernel's AVX512-BF16 path for 1-16 rows where `bf16_kernel_pays`
+    (`HF_SPEC_BF16_KERNEL=0/1` forces it), else torch's, or `(W @ x.T).T` for 8-32 rows where `mm_trick_pays`
+    (`HF_SPEC_MM_TRICK=0/1`)."""
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
         ids = torch.randint(100, 10000, (1, past)) if text is None else text[None, :past]

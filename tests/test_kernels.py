@@ -14,7 +14,7 @@ from torch import nn
 from hf_spec.kernels import cpu_skinny_gemm as csg
 from hf_spec.kernels import skinny_linear as skinny_linear_module
 from hf_spec.kernels.skinny_linear import fast_linears, skinny_linear
-from tests.conftest import make_tiny_model, prompt_ids
+from tests.conftest import make_tiny_model, prompt_ids, run_in_bfloat16
 
 
 @pytest.fixture(scope="module")
@@ -207,6 +207,7 @@ def test_mm_trick_only_where_it_pays(monkeypatch, flag):
     """Outside the kernel (bfloat16 here), 8..32 rows go through `(W @ x.T).T` only where it is measured faster
     (`HF_SPEC_MM_TRICK` forces the measured answer); the values are F.linear's either way."""
     monkeypatch.setenv("HF_SPEC_MM_TRICK", flag)
+    monkeypatch.setenv("HF_SPEC_BF16_KERNEL", "0")
     calls = []
     real_mm = torch.mm
     monkeypatch.setattr(skinny_linear_module.torch, "mm", lambda *a: calls.append(1) or real_mm(*a))
@@ -238,6 +239,73 @@ def test_mm_trick_is_measured_once_per_dtype(monkeypatch):
     for dtype in (torch.bfloat16, torch.bfloat16, torch.float16, torch.bfloat16):
         assert skinny_linear_module.mm_trick_pays(dtype)
     assert calls == [torch.bfloat16, torch.float16]
+
+
+def _bf16_isas() -> list[int]:
+    return [csg.ISA_SCALAR] + ([csg.ISA_AUTO] if csg.has_bf16() else [])
+
+
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 13, 32])
+@pytest.mark.parametrize("k", [32, 37, 896, 1023])  # K % 32 in {0, 5, 0, 31}: every masked tail
+def test_bf16_kernel_sums_bf16_products_in_fp32(kernel, rows, k):
+    """bfloat16 x and W: the exact products summed in fp32 and rounded once to bfloat16, on the AVX512-BF16 path
+    (where the CPU has it) and the plain C++ one; torch's bf16 GEMM rounds the same sums, in another order."""
+    g = torch.Generator().manual_seed(rows * 1000 + k)
+    x = torch.randn(rows, k, generator=g).bfloat16()
+    w = (torch.randn(67, k, generator=g) / k**0.5).bfloat16()
+    b = torch.randn(67, generator=g).bfloat16()
+    for bias in (None, b):
+        exact = x.double() @ w.double().T + (0 if bias is None else bias.double())
+        for isa in _bf16_isas():
+            y = csg.kernel_linear_bf16(x, w, bias, isa=isa)
+            assert y.dtype == torch.bfloat16 and y.shape == (rows, 67)
+            torch.testing.assert_close(y.double(), exact, rtol=1 / 128, atol=1e-2)  # one bf16 rounding
+            assert (y == F.linear(x, w, bias)).float().mean() > 0.98  # ties of the rounding aside
+
+
+def test_bf16_kernel_declines_what_it_cannot_take(kernel):
+    w = torch.randn(8, 32).bfloat16()
+    for isa in _bf16_isas():
+        assert csg.kernel_linear_bf16(torch.randn(33, 32).bfloat16(), w, isa=isa) is None  # > 32 rows
+        assert csg.kernel_linear_bf16(torch.randn(2, 32), w, isa=isa) is None  # float32 x
+        assert csg.kernel_linear_bf16(torch.randn(2, 32).bfloat16(), w.float(), isa=isa) is None
+        assert csg.kernel_linear_bf16(torch.randn(2, 64).bfloat16()[:, ::2], w, isa=isa) is None  # a view
+        assert csg.kernel_linear_bf16(torch.randn(2, 32).bfloat16(), w, torch.ones(7), isa=isa) is None
+        x = torch.randn(2, 32).bfloat16().requires_grad_()
+        assert csg.kernel_linear_bf16(x, w, isa=isa) is None
+
+
+@pytest.mark.parametrize("flag", ["0", "1"])
+def test_skinny_linear_routes_1_to_16_bf16_rows_to_the_kernel(kernel, monkeypatch, flag):
+    monkeypatch.setenv("HF_SPEC_BF16_KERNEL", flag)
+    monkeypatch.setenv("HF_SPEC_MM_TRICK", "0")
+    calls = []
+    real = csg.kernel_linear_bf16
+    monkeypatch.setattr(csg, "kernel_linear_bf16", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    w = torch.randn(40, 96, dtype=torch.bfloat16)
+    for rows in (1, 16, 17):
+        x = torch.randn(rows, 96, dtype=torch.bfloat16)
+        torch.testing.assert_close(skinny_linear(x, w), F.linear(x, w), atol=0.05, rtol=0.02)
+    assert calls == ([1, 16] if flag == "1" else [])
+
+
+def test_bf16_kernel_is_measured_once_per_thread_count(monkeypatch):
+    monkeypatch.delenv("HF_SPEC_BF16_KERNEL", raising=False)
+    monkeypatch.setattr(skinny_linear_module, "_bf16", {})
+    calls = []
+    monkeypatch.setattr(skinny_linear_module, "_measure_bf16", lambda: calls.append(1) or False)
+    assert not skinny_linear_module.bf16_kernel_pays() and not skinny_linear_module.bf16_kernel_pays()
+    assert calls == [1]
+
+
+def test_bf16_target_greedy_through_the_kernel(monkeypatch):
+    """A bfloat16 target verifies on the kernel: outputs equal plain `generate`'s up to bfloat16 ties."""
+    monkeypatch.setenv("HF_SPEC_BF16_KERNEL", "1")
+    calls = []
+    real = csg.kernel_linear_bf16
+    monkeypatch.setattr(csg, "kernel_linear_bf16", lambda *a: calls.append(1) or real(*a))
+    run_in_bfloat16(make_tiny_model("qwen2"), "pld")
+    assert calls or csg.load_kernel() is None or not csg.has_bf16()
 
 
 def test_fast_linears_matches_and_restores_forwards():

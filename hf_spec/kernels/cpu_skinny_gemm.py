@@ -4,8 +4,9 @@ MKL's sgemm runs `F.linear(x, W)` for 4..32 rows of x well below memory bandwidt
 W from memory once: a tile of 4 rows of W is multiplied with up to 6 rows of x at a time (24 AVX-512
 accumulators; AVX2: 3 rows of x held in registers, 12 accumulators; x stays in L1/L2), vectorised over K, while
 the next tile of W is prefetched; the tiles are split over torch's intra-op threads with `at::parallel_for`.
-The ISA is picked at run time (AVX-512, AVX2+FMA, or plain C++), so one build serves any x86-64 CPU. fp32 only;
-the weight is used as it is (no copy, no transpose).
+The ISA is picked at run time (AVX-512, AVX2+FMA, or plain C++), so one build serves any x86-64 CPU; the weight
+is used as it is (no copy, no transpose). Besides fp32: bfloat16 x and W on CPUs with AVX512-BF16
+(`kernel_linear_bf16`), int8 weights with fp32 x (`kernel_linear_int8`), and u8 x s8 products on AVX512-VNNI.
 
 Built with `torch.utils.cpp_extension.load_inline` (needs a C++ compiler and ninja; ~3 s the first time, then
 loaded from `~/.cache/hf-spec/torch_extensions` or `$HF_SPEC_KERNEL_CACHE`). Any failure to build or load logs
@@ -43,6 +44,7 @@ CPP_SOURCE = r"""
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace {
@@ -509,6 +511,108 @@ void skinny_gemm_w8a8(const float* x, const int8_t* q, const int32_t* qsum, cons
   skinny_gemm_u8s8(xu.data(), xs.data(), q, qsum, scale, y, M, N, K);
 }
 
+// ------------------------------------------------------------------------------------------------ bf16 (AVX512-BF16)
+// y[M, N] = x[M, K] @ w[N, K]^T (+ bias[N]) for bfloat16 x and w, fp32 y: `vdpbf16ps` multiplies 32 bf16 pairs
+// into 16 fp32 sums per instruction (products exact in fp32, fp32 sums), with no conversion of w or x; each row of
+// w is read from memory once (half an fp32 weight's bytes). torch's bf16 GEMV reads them at ~0.6 of that pace.
+#define HF_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16,avx2,fma")))
+using TileBf16Fn = void (*)(const uint16_t*, const uint16_t*, int64_t, int64_t, float*, const float*,
+                            const uint16_t*, int);
+
+inline float bf16_to_float(uint16_t v) {
+  const uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+template <int NRT, int MR>
+void tile_bf16_scalar(const uint16_t* __restrict w, const uint16_t* __restrict x, int64_t K, int64_t N,
+                      float* __restrict y, const float* __restrict bias, const uint16_t*, int) {
+  float acc[NRT][MR] = {};
+  for (int64_t k = 0; k < K; ++k)
+    for (int i = 0; i < NRT; ++i) {
+      const float wv = bf16_to_float(w[i * K + k]);
+      for (int j = 0; j < MR; ++j) acc[i][j] += wv * bf16_to_float(x[j * K + k]);
+    }
+  for (int j = 0; j < MR; ++j)
+    for (int i = 0; i < NRT; ++i) y[j * N + i] = acc[i][j] + (bias ? bias[i] : 0.0f);
+}
+
+template <int NRT, int MR>
+HF_BF16 void tile_bf16_dp(const uint16_t* __restrict w, const uint16_t* __restrict x, int64_t K, int64_t N,
+                          float* __restrict y, const float* __restrict bias, const uint16_t* next, int npf) {
+  __m512 acc[NRT][MR];
+#pragma GCC unroll 4
+  for (int i = 0; i < NRT; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < MR; ++j) acc[i][j] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    __m512i wv[NRT];
+#pragma GCC unroll 4
+    for (int i = 0; i < NRT; ++i) wv[i] = _mm512_loadu_si512(w + i * K + k);
+    for (int i = 0; i < npf; ++i) _mm_prefetch(reinterpret_cast<const char*>(next + i * K + k), _MM_HINT_T1);
+#pragma GCC unroll 8
+    for (int j = 0; j < MR; ++j) {
+      const __m512i xv = _mm512_loadu_si512(x + j * K + k);
+#pragma GCC unroll 4
+      for (int i = 0; i < NRT; ++i) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)wv[i], (__m512bh)xv);
+    }
+  }
+  if (k < K) {  // zero pairs past K add nothing
+    const __mmask32 mask = static_cast<__mmask32>((uint64_t{1} << (K - k)) - 1u);
+    __m512i wv[NRT];
+#pragma GCC unroll 4
+    for (int i = 0; i < NRT; ++i) wv[i] = _mm512_maskz_loadu_epi16(mask, w + i * K + k);
+#pragma GCC unroll 8
+    for (int j = 0; j < MR; ++j) {
+      const __m512i xv = _mm512_maskz_loadu_epi16(mask, x + j * K + k);
+#pragma GCC unroll 4
+      for (int i = 0; i < NRT; ++i) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)wv[i], (__m512bh)xv);
+    }
+  }
+  if constexpr (NRT == 4) {
+#pragma GCC unroll 8
+    for (int j = 0; j < MR; ++j) {
+      __m128 s = _mm_hadd_ps(_mm_hadd_ps(hsum128_avx512(acc[0][j]), hsum128_avx512(acc[1][j])),
+                             _mm_hadd_ps(hsum128_avx512(acc[2][j]), hsum128_avx512(acc[3][j])));
+      if (bias) s = _mm_add_ps(s, _mm_loadu_ps(bias));
+      _mm_storeu_ps(y + j * N, s);
+    }
+  } else {
+    for (int j = 0; j < MR; ++j)
+      for (int i = 0; i < NRT; ++i) y[j * N + i] = hsum_avx512(acc[i][j]) + (bias ? bias[i] : 0.0f);
+  }
+}
+
+static const TileBf16Fn kBf16Scalar[4][6] = HF_TABLE(tile_bf16_scalar);
+static const TileBf16Fn kBf16Dp[4][6] = HF_TABLE(tile_bf16_dp);
+
+bool detect_bf16() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512bf16");
+}
+
+bool has_bf16() {
+  static const bool bf16 = detect_bf16();
+  return bf16;
+}
+
+// isa kIsaAvx512 (or above): the AVX512-BF16 tiles, anything else the plain C++ ones (tests)
+void skinny_gemm_bf16(const uint16_t* x, const uint16_t* w, const float* bias, float* y, int64_t M, int64_t N,
+                      int64_t K, int isa) {
+  const bool dp = isa >= kIsaAvx512 && has_bf16();
+  const TileBf16Fn(*table)[6] = dp ? kBf16Dp : kBf16Scalar;
+  const int mr_max = dp ? MR_AVX512 : MR_SCALAR;
+  over_q_tiles(M, N, NR, mr_max, NR * K * std::max<int64_t>(M, 4) / 2,
+               [&](int64_t n, int64_t nr, int64_t m, int64_t mr, int npf) {
+                 table[nr - 1][mr - 1](w + n * K, x + m * K, K, N, y + m * N + n, bias ? bias + n : nullptr,
+                                       w + (n + NR) * K, npf);
+               });
+}
+
 // ------------------------------------------------------------------------------------------------ screening
 // keep[j] = 1 if a[m, j] + ew[m] * coef[j] + eq[m] * qn[j] >= floor[m] for some row m of a (M, N), else 0:
 // the candidates of the screened LM head in one pass over the scores
@@ -630,6 +734,17 @@ static PyObject* py_select_within(PyObject*, PyObject* args) {
   });
 }
 
+static PyObject* py_gemm_bf16(PyObject*, PyObject* args) {
+  return run_gemm(args, "skinny_gemm_bf16", true,
+                  [](const unsigned long long* p, int64_t M, int64_t N, int64_t K, int isa) {
+                    skinny_gemm_bf16(reinterpret_cast<const uint16_t*>(p[0]), reinterpret_cast<const uint16_t*>(p[1]),
+                                     reinterpret_cast<const float*>(p[2]), reinterpret_cast<float*>(p[3]), M, N, K,
+                                     isa);
+                  });
+}
+
+static PyObject* py_has_bf16(PyObject*, PyObject*) { return PyBool_FromLong(has_bf16()); }
+
 static PyObject* py_best_isa(PyObject*, PyObject*) { return PyLong_FromLong(best_isa()); }
 
 static PyObject* py_has_vnni(PyObject*, PyObject*) { return PyBool_FromLong(has_vnni()); }
@@ -639,10 +754,12 @@ static PyMethodDef kMethods[] = {
     {"gemm_i8", py_gemm_i8, METH_VARARGS, "gemm_i8(x_ptr, q_ptr, scale_ptr, y_ptr, M, N, K, isa)"},
     {"gemm_u8s8", py_gemm_u8s8, METH_VARARGS, "gemm_u8s8(xu_ptr, xs_ptr, q_ptr, qsum_ptr, scale_ptr, y_ptr, M, N, K)"},
     {"gemm_w8a8", py_gemm_w8a8, METH_VARARGS, "gemm_w8a8(x_ptr, q_ptr, qsum_ptr, scale_ptr, y_ptr, M, N, K)"},
+    {"gemm_bf16", py_gemm_bf16, METH_VARARGS, "gemm_bf16(x_ptr, w_ptr, bias_f32_ptr_or_0, y_ptr, M, N, K, isa)"},
     {"select_within", py_select_within, METH_VARARGS,
      "select_within(a_ptr, floor_ptr, ew_ptr, eq_ptr, coef_ptr, qn_ptr, keep_ptr, M, N)"},
     {"best_isa", py_best_isa, METH_NOARGS, "0 scalar, 1 AVX2+FMA, 2 AVX-512"},
     {"has_vnni", py_has_vnni, METH_NOARGS, "AVX-512 F, BW and VNNI"},
+    {"has_bf16", py_has_bf16, METH_NOARGS, "AVX-512 F, BW and BF16"},
     {nullptr, nullptr, 0, nullptr}};
 
 #define HF_STR2(a) #a
@@ -877,6 +994,48 @@ def kernel_linear_w8a8(
         x.data_ptr(), q.data_ptr(), qsum.data_ptr(), scale.data_ptr(), y.data_ptr(), rows, n, k
     )
     return y
+
+
+def has_bf16() -> bool:
+    """Whether this CPU runs `kernel_linear_bf16` on its AVX512-BF16 path and the kernel is loaded."""
+    mod = _usable_kernel(ISA_AUTO)
+    return mod is not None and _best_isa >= ISA_AVX512 and bool(mod.has_bf16())
+
+
+def kernel_linear_bf16(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, isa: int = ISA_AUTO
+) -> torch.Tensor | None:
+    """`F.linear(x, weight, bias)` for bfloat16 x `(..., K)` (1..32 rows) and weight `(N, K)`: fp32 products and
+    sums, one rounding to bfloat16 at the end (torch's bf16 GEMM rounds once too, summing in another order). None
+    where it does not apply (as `kernel_linear`) or without AVX512-BF16, unless `isa` forces the plain C++ path."""
+    if x.dim() == 0 or not x.shape[-1] or not _plain(x, torch.bfloat16) or weight.dim() != 2:
+        return None
+    rows = x.numel() // x.shape[-1]
+    k, n = x.shape[-1], weight.shape[0]
+    if (
+        not MIN_ROWS <= rows <= MAX_ROWS
+        or not n
+        or weight.shape[1] != k
+        or not _plain(weight, torch.bfloat16)
+    ):
+        return None
+    if bias is not None and (bias.shape != (n,) or not bias.is_cpu):
+        return None
+    if torch.is_grad_enabled() and (
+        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    ):
+        return None
+    if isa == ISA_AUTO and not has_bf16():
+        return None
+    mod = _usable_kernel(isa)
+    if mod is None:
+        return None
+    b32 = None if bias is None else bias.to(_F32).contiguous()
+    y = torch.empty(*x.shape[:-1], n, dtype=_F32)
+    mod.gemm_bf16(
+        x.data_ptr(), weight.data_ptr(), 0 if b32 is None else b32.data_ptr(), y.data_ptr(), rows, n, k, isa
+    )
+    return y.to(torch.bfloat16)
 
 
 def kernel_select_within(
