@@ -1,7 +1,9 @@
 """Time of hf-spec's skinny-GEMM kernel against `F.linear` by rows of x, on one layer's worth of Qwen2.5-0.5B MLP
 weights x 8 (12 gate/up (4864, 896) + 12 down (896, 4864) matrices, 418 MB: streamed from DRAM as in a forward).
 
-Usage: python benchmarks/skinny_gemm_rows.py [--threads N] [--against OTHER_cpu_skinny_gemm.py]
+Usage: python benchmarks/skinny_gemm_rows.py [--threads N] [--dtype bfloat16] [--against OTHER_cpu_skinny_gemm.py]
+`--dtype bfloat16` times the AVX512-BF16 kernel (`kernel_linear_bf16`) on twice as many bf16 matrices (same bytes)
+against torch's bfloat16 `F.linear`.
 `--against` loads another version of `hf_spec/kernels/cpu_skinny_gemm.py` (e.g. from `git show REV:...`) and
 times both in the same process, alternating, for an A/B of kernel changes."""
 
@@ -41,9 +43,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--against", default=None, help="another cpu_skinny_gemm.py to compare with")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    weights = [torch.randn(4864, 896) for _ in range(12)] + [torch.randn(896, 4864) for _ in range(12)]
+    dtype = getattr(torch, args.dtype)
+    copies = 12 if dtype == torch.float32 else 24  # the same 418 MB
+    weights = [torch.randn(4864, 896, dtype=dtype) for _ in range(copies)]
+    weights += [torch.randn(896, 4864, dtype=dtype) for _ in range(copies)]
+    linear_of = "kernel_linear" if dtype == torch.float32 else "kernel_linear_bf16"
     kernels = {"kernel": cpu_skinny_gemm}
     if args.against:
         kernels = {"other kernel": load_other(args.against), **kernels}
@@ -52,7 +59,7 @@ def main() -> None:
     print("| rows | F.linear ms | " + " | ".join(f"{name} ms" for name in kernels) + " |")
     print("|---|---|" + "---|" * len(kernels))
     for rows in ROWS:
-        xs = {k: torch.randn(rows, k) for k in (896, 4864)}
+        xs = {k: torch.randn(rows, k, dtype=dtype) for k in (896, 4864)}
 
         def run(linear, xs=xs):
             return lambda: [linear(xs[w.shape[1]], w, None) for w in weights]
@@ -61,7 +68,7 @@ def main() -> None:
         for _ in range(3):  # alternate, keep each one's best median
             best["F.linear"] = min(best["F.linear"], median_seconds(run(F.linear)))
             for name, module in kernels.items():
-                best[name] = min(best[name], median_seconds(run(module.kernel_linear)))
+                best[name] = min(best[name], median_seconds(run(getattr(module, linear_of))))
         print(f"| {rows} | " + " | ".join(f"{best[name] * 1e3:.1f}" for name in best) + " |")
 
 

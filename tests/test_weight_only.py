@@ -56,6 +56,35 @@ def test_float32_int8_runs_hf_specs_kernels():
     assert w8a8(torch.randn(4, 95), q.packed, q.qsum, q.scales) is None
 
 
+def test_bfloat16_int8_runs_hf_specs_kernels(monkeypatch):
+    """bfloat16 x against int8 weights goes through the same float32-sum kernels (x widened, y narrowed)."""
+    from hf_spec.kernels import cpu_skinny_gemm as csg
+    from hf_spec.kernels.weight_only import W8A8_MIN_ROWS
+
+    if csg.load_kernel() is None:
+        pytest.skip("C++ kernel not buildable here: torch's int8 kernel is used (tested above)")
+    calls = []
+    for name in ("kernel_linear_int8", "kernel_linear_w8a8"):
+        real = getattr(csg, name)
+        monkeypatch.setattr(csg, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+    torch.manual_seed(4)
+    weight = torch.randn(40, 96, dtype=torch.bfloat16)
+    q = QuantizedWeight.from_weight(weight, "int8", max_rows=32)
+    deq = q.packed.float() * q.scales_f32[:, None]
+    bias = torch.randn(40, dtype=torch.bfloat16)
+    for rows in (1, 5):
+        x = torch.randn(rows, 96, dtype=torch.bfloat16)
+        y = q.linear(x, bias)
+        assert y.dtype == torch.bfloat16 and y.shape == (rows, 40)
+        x32 = x.float()
+        if rows >= W8A8_MIN_ROWS and csg.has_vnni():  # what the kernel multiplies
+            step = x32.abs().amax(dim=1, keepdim=True) / 127
+            x32 = (x32 / step).round().clamp(-127, 127) * step
+        ref = x32 @ deq.t() + bias.float()
+        assert torch.allclose(y.float(), ref, rtol=0.01, atol=0.05)  # bfloat16 roundings of y and y + bias
+    assert calls[0] == "kernel_linear_int8" and len(calls) >= 2
+
+
 def test_int4_reference_dequantization():
     """Per group of 64 inputs: 16 levels from the group's min to its max (plain loop reference)."""
     torch.manual_seed(1)

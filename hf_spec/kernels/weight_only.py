@@ -48,6 +48,7 @@ class QuantizedWeight:
     group_size: int = 0
     max_rows: int = 8
     qsum: torch.Tensor | None = None  # int8: int32 row sums of `packed` (the VNNI kernel's offset term)
+    scales_f32: torch.Tensor | None = None  # int8: `scales` in float32, for hf-spec's kernels
 
     @classmethod
     def from_weight(
@@ -65,7 +66,9 @@ class QuantizedWeight:
             scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-8)
             packed = (w / scales[:, None]).round().clamp(-127, 127).to(torch.int8)
             qsum = packed.sum(dim=1, dtype=torch.int32)
-            return cls(scheme, weight, packed, scales.to(weight.dtype), 0, max_rows, qsum)
+            return cls(
+                scheme, weight, packed, scales.to(weight.dtype), 0, max_rows, qsum, scales.contiguous()
+            )
         group_size = group_size or int4_group_size(in_features)
         if not group_size or in_features % group_size or out_features % 16:
             raise ValueError(
@@ -91,14 +94,15 @@ class QuantizedWeight:
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
         if not 1 <= rows <= self.max_rows or x.device.type != "cpu":
             return F.linear(x, self.weight, bias)
-        if self.scheme == "int8" and x.dtype == torch.float32 and self.scales.dtype == torch.float32:
-            x = x.contiguous()
+        if self.scheme == "int8" and x.dtype in (torch.float32, torch.bfloat16):
+            x32 = x.float().contiguous()  # bfloat16 x: widened (a few rows), the result narrowed back
             y = None
             if rows >= W8A8_MIN_ROWS:  # x quantized too: VNNI, 4 products an instruction (None without it)
-                y = cpu_skinny_gemm.kernel_linear_w8a8(x, self.packed, self.qsum, self.scales)
+                y = cpu_skinny_gemm.kernel_linear_w8a8(x32, self.packed, self.qsum, self.scales_f32)
             if y is None:
-                y = cpu_skinny_gemm.kernel_linear_int8(x, self.packed, self.scales)
+                y = cpu_skinny_gemm.kernel_linear_int8(x32, self.packed, self.scales_f32)
             if y is not None:
+                y = y.to(x.dtype)
                 return y + bias if bias is not None else y
         y = self._packed_mm(x.reshape(rows, x.shape[-1])).reshape(*x.shape[:-1], self.weight.shape[0])
         return y + bias if bias is not None else y
