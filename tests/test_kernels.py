@@ -276,17 +276,17 @@ def test_bf16_kernel_declines_what_it_cannot_take(kernel):
 
 
 @pytest.mark.parametrize("flag", ["0", "1"])
-def test_skinny_linear_routes_1_to_16_bf16_rows_to_the_kernel(kernel, monkeypatch, flag):
+def test_skinny_linear_routes_1_to_20_bf16_rows_to_the_kernel(kernel, monkeypatch, flag):
     monkeypatch.setenv("HF_SPEC_BF16_KERNEL", flag)
     monkeypatch.setenv("HF_SPEC_MM_TRICK", "0")
     calls = []
     real = csg.kernel_linear_bf16
     monkeypatch.setattr(csg, "kernel_linear_bf16", lambda *a: calls.append(a[0].shape[0]) or real(*a))
     w = torch.randn(40, 96, dtype=torch.bfloat16)
-    for rows in (1, 16, 17):
+    for rows in (1, 20, 21):
         x = torch.randn(rows, 96, dtype=torch.bfloat16)
         torch.testing.assert_close(skinny_linear(x, w), F.linear(x, w), atol=0.05, rtol=0.02)
-    assert calls == ([1, 16] if flag == "1" else [])
+    assert calls == ([1, 20] if flag == "1" else [])
 
 
 def test_bf16_kernel_is_measured_once_per_thread_count(monkeypatch):

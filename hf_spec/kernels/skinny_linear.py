@@ -15,10 +15,10 @@ F.linear 1.56 ms, (W @ x.T).T 1.33 ms, kernel 0.67 ms (1 row: 0.59 ms); 151,936-
 21 ms (1 row: 18 ms). Whole forward of 9 new tokens after 200 cached: 212 ms stock, 184 ms mm-trick, 102 ms
 kernel (1 token: 83 ms). Same values up to float rounding; nothing changes outside `fast_linears`.
 
-bfloat16 inputs with 1..16 rows go to the kernel's AVX512-BF16 path where it is measured faster than torch's
-(`bf16_kernel_pays`): on a 2-core AMD EPYC Zen 5 a Qwen2.5-0.5B forward of 1-13 tokens after 200 cached takes
-0.82 of stock's time (45.9 -> 37.9 ms for one token, 58.5 -> 47.9 for 13; `benchmarks/verify_cost.py`). The sums
-are the same fp32 sums in another order, rounded once to bfloat16, as torch's are.
+bfloat16 inputs with 1..20 rows go to the kernel's AVX512-BF16 path where it is measured faster than torch's
+(`bf16_kernel_pays`): on a 2-core AMD EPYC Zen 5 a Qwen2.5-0.5B forward of 1-17 tokens after 200 cached takes
+0.73-0.85 of stock's time (`benchmarks/verify_cost.py --dtypes bfloat16`). The sums are the same fp32 sums in
+another order, rounded once to bfloat16, as torch's are.
 """
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ from hf_spec.kernels import cpu_skinny_gemm
 
 KERNEL_MIN_ROWS, KERNEL_MAX_ROWS = 2, 32  # C++ kernel (when it builds)
 MIN_ROWS, MAX_ROWS = 8, 32  # mm-trick fallback without the kernel
-BF16_MAX_ROWS = 16  # bfloat16 kernel (AVX512-BF16): 1.2x torch's bf16 GEMM up to 13 rows, level at 20 (Zen 5)
+# bfloat16 kernel (AVX512-BF16; Zen 5, Qwen forwards after 200 cached tokens): 1-13 tokens at 0.82 of torch's time,
+# 17 at 0.73-0.85 (torch's bf16 GEMM slows down past 16 rows), 25 at 0.89-1.03: level from ~20
+BF16_MAX_ROWS = 20
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
