@@ -1,6 +1,7 @@
 """Cost of one target forward of k new tokens after a 200-token cache, stock vs hf-spec's verification
-kernels (`fast_linears`), and (float32) with the greedy loop's int8-screened LM head, x in fp32 or (AVX512-VNNI)
-quantized too (`HF_SPEC_SCREEN_INT8_X`), in float32 and bfloat16.
+kernels (`fast_linears`), those with hf-spec's attention (`grouped_attention`, as in its loop), and (float32) with
+the greedy loop's int8-screened LM head, x in fp32 or (AVX512-VNNI) quantized too (`HF_SPEC_SCREEN_INT8_X`), in
+float32 and bfloat16.
 Usage: python benchmarks/verify_cost.py [--target NAME] [--threads N] [--dtypes float32,bfloat16]"""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from unittest import mock
 import torch
 from transformers import DynamicCache
 
+from hf_spec.kernels.grouped_attention import grouped_attention
 from hf_spec.kernels.screened_head import int8_x_applies, screened_lm_head, screening_applies
 from hf_spec.kernels.skinny_linear import fast_linears
 from hf_spec.models import load_model
@@ -58,7 +60,11 @@ def measure(model, past: int, text: torch.Tensor | None = None) -> None:
     with torch.no_grad():
         ids = torch.randint(100, 10000, (1, past)) if text is None else text[None, :past]
         model(input_ids=ids, past_key_values=cache, use_cache=True)
-        setups = [("stock", False, None), ("hf-spec kernels", True, None)]
+        setups = [
+            ("stock", False, None),
+            ("hf-spec kernels", True, None),
+            ("+ grouped attention", True, "ga"),
+        ]
         if screening_applies(model, False, False, False):
             setups.append(("+ screened head, fp32 x", True, "0"))
             if int8_x_applies():
@@ -83,9 +89,14 @@ def measure(model, past: int, text: torch.Tensor | None = None) -> None:
 
 @contextlib.contextmanager
 def _screen(model, int8_x: str | None):
-    """The screened LM head with x quantized ("1") or not ("0"); None: the model's own head."""
+    """The screened LM head with x quantized ("1") or not ("0"); None: the model's own head; "ga": the model's own
+    head, attention by `grouped_attention` (as in hf-spec's loop)."""
     if int8_x is None:
         yield
+        return
+    if int8_x == "ga":
+        with grouped_attention(model):
+            yield
         return
     with mock.patch.dict(os.environ, {"HF_SPEC_SCREEN_INT8_X": int8_x}), screened_lm_head(model):
         yield

@@ -135,3 +135,36 @@ def test_bfloat16_inputs_keep_fp32_scores():
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), exact, rtol=2**-7, atol=2**-8)  # one bf16 rounding
     assert float((out.float() - ref).abs().max()) < 0.05
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("masked", [False, True])
+def test_one_half_precision_row_runs_here(dtype, masked):
+    """One bfloat16 / float16 query row (torch's flash kernel is slow for it): the whole cache without a mask, or
+    a 4D mask (a sliding window); fp32 scores, one rounding. A float32 row keeps `sdpa` (test above)."""
+    q, k, v = _inputs(14, 2, 1, 50, seed=11, batch=2)
+    mask = torch.ones(1, 1, 1, 50, dtype=torch.bool)
+    mask[..., :20] = False
+    module = _Module(7)
+    half = [t.to(dtype) for t in (q, k, v)]
+    with torch.no_grad():
+        exact, _ = sdpa_attention_forward(module, *[t.float() for t in half], mask if masked else None)
+        out, _ = ga.grouped_attention_forward(module, *half, mask if masked else None)
+    assert out.dtype == dtype and out.shape == (2, 1, 14, 16)
+    torch.testing.assert_close(out.float(), exact, rtol=2**-7, atol=2**-8)
+
+
+def test_bfloat16_decoding_runs_one_row_steps_here(monkeypatch):
+    """In a bfloat16 target's decoding the one-row calls (rounds without a draft) come here too."""
+    from tests.conftest import make_tiny_model, run_in_bfloat16
+
+    rows = []
+    real = ga.grouped_attention_forward
+
+    def spy(module, query, *args, **kwargs):
+        rows.append(query.shape[2])
+        return real(module, query, *args, **kwargs)
+
+    monkeypatch.setitem(ga.AttentionInterface._global_mapping, ga.NAME, spy)
+    run_in_bfloat16(make_tiny_model("qwen2"), "pld")
+    assert 1 in rows and max(rows) >= 2

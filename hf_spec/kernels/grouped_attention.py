@@ -8,9 +8,11 @@ cached tokens and 7.4 ms after 1,500 (a whole verification: 128 ms for 1 row, 17
 group of query heads is one matrix, `(groups * rows, head_dim) @ (head_dim, kv_len)`, plus the mask, a softmax
 and `@ V` (0.12 ms and 0.23 ms). Same function, fp32 rounding aside (as any other kernel choice).
 
+One query row in bfloat16 / float16 (a plain step or a one-token draft step) runs here too: torch's CPU flash
+kernel is 5-10x slower for it than in float32 (`SLOW_ONE_ROW_DTYPES`).
+
 Only inside `grouped_attention(model)` (hf-spec's decoding loop), only where the model runs `sdpa` on CPU; every
-call that is not a masked few-row one on CPU (prefill, one row, dropout, biases, sinks) goes to transformers' own
-`sdpa_attention_forward`.
+other call (prefill, one float32 row, dropout, biases, sinks) goes to transformers' own `sdpa_attention_forward`.
 """
 
 from __future__ import annotations
@@ -27,19 +29,32 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 NAME = "hf_spec_grouped"
 MAX_QUERY_ROWS = 64  # beyond (prefill) torch's flash kernel is the better choice
+# one query row (a plain step, a one-token draft step): torch's CPU flash kernel is 5-10x slower in bfloat16 and
+# float16 than in float32 (Qwen2.5-0.5B shapes, AMD EPYC Zen 5: 170 us against 34 here after 300 cached tokens, 896
+# against 93 after 1,500); in float32 it is as fast as this and keeps the call
+SLOW_ONE_ROW_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def _applies(
     query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, dropout: float, kwargs
 ) -> bool:
+    rows = query.shape[2]
+    if rows == 1:  # one row sees the whole cache (no mask) or its own 4D mask
+        few = query.dtype in SLOW_ONE_ROW_DTYPES
+    else:
+        few = 2 <= rows <= MAX_QUERY_ROWS and mask is not None
     return (
-        query.device.type == "cpu"
-        and 2 <= query.shape[2] <= MAX_QUERY_ROWS
-        and mask is not None
-        and mask.dim() == 4
-        and mask.shape[0] in (1, query.shape[0])
-        and mask.shape[1] == 1
-        and mask.shape[-1] == key.shape[2]
+        few
+        and query.device.type == "cpu"
+        and (
+            mask is None
+            or (
+                mask.dim() == 4
+                and mask.shape[0] in (1, query.shape[0])
+                and mask.shape[1] == 1
+                and mask.shape[-1] == key.shape[2]
+            )
+        )
         and dropout == 0.0
         and query.shape[1] % key.shape[1] == 0
         and query.dtype == key.dtype
@@ -77,18 +92,21 @@ def grouped_attention_forward(
     batch, heads, rows, dim = query.shape
     kv_heads, kv_len, dim_v = key.shape[1], key.shape[2], value.shape[-1]
     groups = heads // kv_heads
-    mask = attention_mask[:, 0]  # (batch or 1, rows, kv_len)
-    if mask.dtype == torch.bool:
-        mask = torch.zeros(mask.shape).masked_fill_(~mask, float("-inf"))
     # fp32 scores and softmax, as torch's flash kernel keeps them, also for bf16/fp16 models
-    mask, q, k, v = mask.float(), query.float(), key.float(), value.float()
+    q, k, v = query.float(), key.float(), value.float()
     scale = dim**-0.5 if scaling is None else scaling
     q = q.reshape(batch * kv_heads, groups * rows, dim)  # each KV head's query heads, rows inner
-    bias = mask[:, None, None].expand(batch, kv_heads, groups, rows, kv_len)
-    bias = bias.reshape(batch * kv_heads, groups * rows, kv_len)
     k, v = k.reshape(batch * kv_heads, kv_len, dim), v.reshape(batch * kv_heads, kv_len, dim_v)
     # (batch * kv_heads, groups * rows, kv_len)
-    scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=scale)
+    if attention_mask is None:  # one row: every cached position
+        scores = torch.bmm(q, k.transpose(1, 2)).mul_(scale)
+    else:
+        mask = attention_mask[:, 0]  # (batch or 1, rows, kv_len)
+        if mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape).masked_fill_(~mask, float("-inf"))
+        bias = mask.float()[:, None, None].expand(batch, kv_heads, groups, rows, kv_len)
+        bias = bias.reshape(batch * kv_heads, groups * rows, kv_len)
+        scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=scale)
     out = torch.bmm(torch.softmax(scores, dim=-1), v)  # (batch * kv_heads, groups * rows, dim_v)
     return out.view(batch, heads, rows, dim_v).transpose(1, 2).to(query.dtype).contiguous(), None
 
