@@ -1,14 +1,14 @@
 """The int8-screened LM head (`hf_spec/kernels/screened_head.py`) on a real target, two measurements:
 
 1. `--head`: time of the target's LM head on k rows of real verification hidden states (its own greedy answers to
-   Spec-Bench prompts): the fp32 kernel against screening with x in fp32 and (AVX512-VNNI) in int8; candidates
+   Spec-Bench prompts): the fp32 (`--dtype bfloat16`: bf16) kernel against screening with x in fp32 and (AVX512-VNNI) in int8; candidates
    kept per block; argmax mismatches (must be 0).
 2. `--method SPEC`: a same-process A/B of a method with screening on and off (`--switch HF_SPEC_SCREENED_HEAD`,
    the default) or with x in int8 and in fp32 (`--switch HF_SPEC_SCREEN_INT8_X`), alternating the order per
    prompt; total and verification seconds, and whether the two outputs are identical.
 
 Usage: python benchmarks/screened_head.py [--target NAME] [--head] [--method SPEC] [--switch VAR] [--prompts 13]
-    [--max-new-tokens 128] [--threads 2]
+    [--max-new-tokens 128] [--threads 2] [--dtype bfloat16]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from skinny_gemm_rows import median_seconds  # benchmarks/ is this script's fold
 
 from hf_spec import SpeculativeDecoder
 from hf_spec.kernels import cpu_skinny_gemm
-from hf_spec.kernels.screened_head import Int8Screen, max_screened_rows
+from hf_spec.kernels.screened_head import BF16_ROUNDING, Int8Screen, max_screened_rows
 from hf_spec.models.fetch import load_model
 from hf_spec.registry import parse_method
 
@@ -62,21 +62,24 @@ def head_table(model, tokenizer, rows: list[dict], max_new_tokens: int) -> None:
         hidden.append(h[ids.shape[1] - 1 :])  # the answer's positions: what verification sees
     paths = {"fp32 x": "0"} | ({"int8 x": "1"} if cpu_skinny_gemm.has_vnni() else {})
     cells = " | ".join(f"{p}: screened ms | candidates median / max | argmax mismatches" for p in paths)
-    print(f"| rows | fp32 kernel ms | {cells} |\n" + "|---" * (2 + 3 * len(paths)) + "|")
-    for k in (1, 2, 3, 4, 6, 8, 13, 24, 32):
+    dtype = weight.dtype
+    kernel = cpu_skinny_gemm.kernel_linear if dtype == torch.float32 else cpu_skinny_gemm.kernel_linear_bf16
+    rounding = BF16_ROUNDING if dtype == torch.bfloat16 else 0.0
+    print(f"| rows | {str(dtype)[6:]} kernel ms | {cells} |\n" + "|---" * (2 + 3 * len(paths)) + "|")
+    for k in (1, 2, 3, 4, 6, 8, 13, 20, 24, 32):
         x = hidden[0][:k].contiguous()
-        row = [f"{median_seconds(lambda x=x: cpu_skinny_gemm.kernel_linear(x, weight), 9) * 1e3:.1f}"]
+        row = [f"{median_seconds(lambda x=x: kernel(x, weight), 9) * 1e3:.1f}"]
         for flag in paths.values():
             os.environ["HF_SPEC_SCREEN_INT8_X"] = flag
-            if k > max_screened_rows():
+            if k > max_screened_rows(dtype=dtype):
                 row += ["-", "-", "-"]
                 continue
             counts, mismatches = [], 0
             for h in hidden:
                 for s in range(0, h.shape[0] - k + 1, k):
                     xs = h[s : s + k].contiguous()
-                    counts.append(len(screen.candidates(xs)))
-                    full = cpu_skinny_gemm.kernel_linear(xs, weight)
+                    counts.append(len(screen.candidates(xs.float(), rounding)))
+                    full = kernel(xs, weight)
                     mismatches += int((screen.top1_logits(xs).argmax(-1) != full.argmax(-1)).sum())
             screened_ms = median_seconds(lambda x=x: screen.top1_logits(x), 9) * 1e3
             row += [f"{screened_ms:.1f}", f"{statistics.median(counts):.0f} / {max(counts)}", str(mismatches)]
@@ -136,9 +139,10 @@ def main() -> None:
     )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model, tokenizer = load_model(args.target, dtype=torch.float32)
+    model, tokenizer = load_model(args.target, dtype=getattr(torch, args.dtype))
     rows = first_per_category(PROMPTS, args.prompts)
     if args.head:
         head_table(model, tokenizer, rows, min(args.max_new_tokens, 48))

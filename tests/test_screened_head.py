@@ -169,6 +169,74 @@ def test_top1_logits_keep_the_argmax_at_near_ties(kernel, x_path, rows):
         assert torch.equal(top[kept], full[kept])  # same kernel, same sums: bit-identical
 
 
+@pytest.fixture
+def bf16_kernel(kernel, monkeypatch):
+    if not csg.has_bf16():
+        pytest.skip("no AVX512-BF16 here: bfloat16 heads are not screened")
+    monkeypatch.setenv("HF_SPEC_BF16_KERNEL", "1")
+
+
+@pytest.mark.parametrize("rows", [1, 3, 13])
+def test_bfloat16_top1_logits_keep_the_argmax_at_ties(bf16_kernel, x_path, rows):
+    """bfloat16 head: the argmax of the full head's bfloat16 logits (on the kernel), first id at a tie, also where
+    rows are equal or tie only after rounding; the kept logits are the full head's bits."""
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(3000, 64, generator=g) / 8
+    w[1:40] = w[0] + 3e-3 * torch.randn(39, 64, generator=g)  # within bfloat16 rounding of each other
+    w[41:45] = w[40]  # exact ties: the lowest id must win
+    w = w.bfloat16()
+    screen = Int8Screen.from_weight(w)
+    rows = min(rows, sh.max_screened_rows(dtype=torch.bfloat16))
+    for trial in range(40):
+        x = torch.randn(rows, 64, generator=g)
+        x[-1, 5] = 30  # an outlier channel
+        x[0] = w[trial % 45].float() * 20  # the near-tied rows are the top ones
+        x = x.bfloat16()
+        full = csg.kernel_linear_bf16(x.contiguous(), w)
+        top = screen.top1_logits(x)
+        assert top.dtype == torch.bfloat16
+        assert torch.equal(top.argmax(-1), full.argmax(-1))
+        kept = torch.isfinite(top)
+        assert kept.sum(-1).max() < 3000  # it did screen
+        assert torch.equal(top[kept], full[kept])
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_bfloat16_tie_made_by_rounding_goes_to_the_lowest_id(bf16_kernel, x_path, rows):
+    """Two logits an exact int8 screen tells apart (15.859375 < 15.875, both exact in int8 with step 1/8) round to
+    the same bfloat16 value, so the full head's argmax is the lower id, the smaller logit: the screen must keep it."""
+    w = torch.zeros(200, 64)
+    w[:, 2] = 127 / 8  # every row's int8 step is 1/8: the int8 copy is exact, the error bound tiny
+    w[5, :2] = torch.tensor([15.75, 1.75])  # with x below: 15.75 + 1.75 / 16 = 15.859375
+    w[9, :2] = torch.tensor([15.875, 0.0])  # 15.875
+    w[10:, :2] = (
+        torch.randn(190, 2, generator=torch.Generator().manual_seed(0)).clamp(-8, 8).mul(8).round() / 8
+    )
+    w = w.bfloat16()
+    x = torch.zeros(rows, 64)
+    x[:, 0], x[:, 1] = 1.0, 1 / 16
+    x = x.bfloat16()
+    full = csg.kernel_linear_bf16(x, w)
+    assert full[0, 5] == full[0, 9] and full.argmax(-1).tolist() == [5] * rows  # the tie, as built
+    top = Int8Screen.from_weight(w).top1_logits(x)
+    assert top.argmax(-1).tolist() == [5] * rows
+    assert torch.isinf(top).any()  # it did screen
+
+
+def test_bfloat16_greedy_generation_identical_with_and_without_screening(bf16_kernel, monkeypatch):
+    """In bfloat16 the screen changes no token: the same run with the full head gives the same output."""
+    model = make_tiny_model("llama", layers=4).to(torch.bfloat16)
+    ids = prompt_ids(12, model.config.vocab_size)
+    calls = []
+    real = Int8Screen.top1_logits
+    monkeypatch.setattr(Int8Screen, "top1_logits", lambda self, x: calls.append(1) or real(self, x))
+    kw = dict(max_new_tokens=40, do_sample=False)
+    screened = model.generate(ids, custom_generate=SpeculativeDecoder("pld"), **kw)
+    assert calls
+    monkeypatch.setenv("HF_SPEC_SCREENED_HEAD", "0")
+    assert torch.equal(model.generate(ids, custom_generate=SpeculativeDecoder("pld"), **kw), screened)
+
+
 def test_screen_rebuilds_when_the_weight_changes(kernel):
     head = torch.nn.Linear(32, 50, bias=False)
     first = sh.screen_for(head)
@@ -184,7 +252,12 @@ def test_screening_applies_only_where_the_argmax_is_all_that_is_read(kernel, mon
     assert not screening_applies(model, True, False, False)  # sampling reads the distribution
     assert not screening_applies(model, False, True, False)  # logits processors
     assert not screening_applies(model, False, False, True)  # output_scores / output_logits
-    assert not screening_applies(make_tiny_model("llama").to(torch.bfloat16), False, False, False)
+    half = make_tiny_model("llama").to(torch.bfloat16)  # screened where the bf16 kernel runs the full head
+    monkeypatch.setenv("HF_SPEC_BF16_KERNEL", "1")
+    assert screening_applies(half, False, False, False)
+    monkeypatch.setenv("HF_SPEC_BF16_KERNEL", "0")
+    assert not screening_applies(half, False, False, False)
+    assert not screening_applies(make_tiny_model("llama").to(torch.float16), False, False, False)
     monkeypatch.setenv("HF_SPEC_SCREENED_HEAD", "0")
     assert not screening_applies(model, False, False, False)
 
