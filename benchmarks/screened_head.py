@@ -87,6 +87,16 @@ def head_table(model, tokenizer, rows: list[dict], max_new_tokens: int) -> None:
     os.environ.pop("HF_SPEC_SCREEN_INT8_X", None)
 
 
+def _set(switch: str, flag: str | None) -> None:
+    """Set (None: unset) the environment variable `switch`; "none" sets nothing (both runs alike: run-to-run noise)."""
+    if switch == "none":
+        return
+    if flag is None:
+        os.environ.pop(switch, None)
+    else:
+        os.environ[switch] = flag
+
+
 def method_ab(
     model, tokenizer, rows: list[dict], spec: str, max_new_tokens: int, switch: str = "HF_SPEC_SCREENED_HEAD"
 ) -> None:
@@ -94,7 +104,7 @@ def method_ab(
     decoder = SpeculativeDecoder(parse_method(spec), tokenizer=tokenizer)
     warm = encode(tokenizer, rows[0]["turns"][0])
     for flag in ("1", "0"):
-        os.environ[switch] = flag
+        _set(switch, flag)
         model.generate(warm, max_new_tokens=16, do_sample=False, custom_generate=decoder)
     total = {"1": 0.0, "0": 0.0}
     verify = {"1": 0.0, "0": 0.0}
@@ -103,7 +113,7 @@ def method_ab(
         ids = encode(tokenizer, row["turns"][0])
         outs = {}
         for flag in ("1", "0") if i % 2 else ("0", "1"):
-            os.environ[switch] = flag
+            _set(switch, flag)
             start = time.perf_counter()
             outs[flag] = model.generate(
                 ids, max_new_tokens=max_new_tokens, do_sample=False, custom_generate=decoder
@@ -116,7 +126,7 @@ def method_ab(
             f"=0 {total['0']:.1f} s (verify {verify['0']:.1f})",
             flush=True,
         )
-    os.environ.pop(switch, None)
+    _set(switch, None)
     print(
         f"{spec}: time {switch}=1 / =0 {total['1'] / total['0']:.3f}, verification "
         f"{verify['1'] / verify['0']:.3f}; outputs that differ: {different} of {len(rows)}"
@@ -131,8 +141,8 @@ def main() -> None:
     parser.add_argument(
         "--switch",
         default="HF_SPEC_SCREENED_HEAD",
-        choices=("HF_SPEC_SCREENED_HEAD", "HF_SPEC_SCREEN_INT8_X"),
-        help="screening on/off, or x in int8/fp32",
+        choices=("HF_SPEC_SCREENED_HEAD", "HF_SPEC_SCREEN_INT8_X", "HF_SPEC_BF16_KERNEL", "none"),
+        help="screening on/off, x in int8/fp32, the bf16 kernel on/off, or none (the same settings twice)",
     )
     parser.add_argument(
         "--prompts", type=int, default=13, help="first prompt of each category, up to this many"
