@@ -361,15 +361,23 @@ def test_the_tree_check_can_be_skipped(monkeypatch):
     assert "_hf_spec_tree_check" not in model.__dict__
 
 
-def test_support_report_names_what_each_model_can_run():
+def test_support_report_names_what_each_model_can_run(monkeypatch):
     from hf_spec.models.support import support_report
 
     llama = support_report(build("llama"))
     assert llama["tree verification"].startswith("yes") and llama["hispec"] == "yes"
     head = llama["greedy verification's LM head"]  # a tiny head: x stays in float32, 6 rows
     assert head.startswith("yes: int8-screened LM head for 1-6 rows, x in float32") or head.startswith("no:")
+    monkeypatch.setenv(
+        "HF_SPEC_BF16_KERNEL", "0"
+    )  # where torch's bf16 GEMM runs the head, it is not screened
     bf16 = support_report(build("llama").to(torch.bfloat16))["greedy verification's LM head"]
-    assert bf16 == "no: the full LM head: torch.bfloat16 weights (screened in float32 only)"
+    assert bf16.startswith(
+        "no: the full LM head: torch.bfloat16 weights (screened in float32, and in bfloat16"
+    )
+    monkeypatch.setenv("HF_SPEC_BF16_KERNEL", "1")
+    bf16 = support_report(build("llama").to(torch.bfloat16))["greedy verification's LM head"]
+    assert bf16.startswith("yes: int8-screened LM head for 1-6 rows") or bf16.startswith("no:")
     gpt2 = support_report(build("gpt2"))
     assert gpt2["pld, retrieval, draft-model, talon (retrieval part)"] == "yes"
     assert gpt2["early-exit, postuse around it, talon's exit drafter"].startswith(

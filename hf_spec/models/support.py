@@ -28,14 +28,16 @@ def _greedy_head(model: PreTrainedModel) -> str:
         head = model.get_output_embeddings()
         weight = getattr(head, "weight", None)
         why = (
-            f"{weight.dtype} weights (screened in float32 only)"
+            f"{weight.dtype} weights (screened in float32, and in bfloat16 where hf-spec's AVX512-BF16 kernel "
+            "runs the head)"
             if weight is not None and weight.dtype != torch.float32
             else "not a bias-free nn.Linear on CPU, or no C++ kernel"
         )
         return f"no: the full LM head: {why}"
-    weights = model.get_output_embeddings().weight.numel()
-    x = "in int8 from 3 rows (AVX512-VNNI)" if int8_x_applies(weights) else "in float32"
-    return f"yes: int8-screened LM head for 1-{max_screened_rows(weights)} rows, x {x}; same argmax"
+    weight = model.get_output_embeddings().weight
+    x = "in int8 from 3 rows (AVX512-VNNI)" if int8_x_applies(weight.numel()) else "in float32"
+    rows = max_screened_rows(weight.numel(), weight.dtype)
+    return f"yes: int8-screened LM head for 1-{rows} rows, x {x}; same argmax"
 
 
 def support_report(model: PreTrainedModel) -> dict[str, str]:
