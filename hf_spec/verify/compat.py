@@ -20,7 +20,7 @@ from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_i
 from hf_spec.verify.cache import crop_cache
 from hf_spec.verify.windows import sequence_mask, target_cache
 
-# of the logits' range; a tree forward and a plain one round differently (bfloat16: up to ~4% on SmolLM2)
+# of the logits' range; a tree forward and a plain one round differently (bfloat16: 1.5-1.8% on SmolLM2 and Qwen)
 TOLERANCE = {torch.float32: 0.02, torch.float64: 0.02}
 LOW_PRECISION_TOLERANCE = 0.08
 
@@ -30,7 +30,11 @@ def _failure(model: PreTrainedModel) -> str | None:
     `c` under `b`) give the logits of one plain forward of `prefix + [root, b, c]`; else what went wrong."""
     embeddings = model.get_input_embeddings().weight
     vocab, device = embeddings.shape[0], embeddings.device
-    prefix, (root, a, b, c) = [1, 2, 3], [t % vocab for t in (4, 5, 6, 7)]
+    # ordinary tokens from the middle of the vocabulary: the first ids are special tokens in most vocabularies, and
+    # those give some models huge activations (SmolLM2: ~25,000 from its 12th layer) where bfloat16's rounding
+    # noise alone can exceed the tolerance
+    tokens = [(vocab // 3 + 7 * i) % vocab for i in range(7)]
+    prefix, (root, a, b, c) = tokens[:3], tokens[3:]
     tolerance = TOLERANCE.get(model.dtype, LOW_PRECISION_TOLERANCE)
     with torch.no_grad(), fast_linears(model), grouped_attention(model):
         want = model(input_ids=torch.tensor([[*prefix, root, b, c]], device=device)).logits[0, 3:].float()
