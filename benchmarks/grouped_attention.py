@@ -1,6 +1,6 @@
 """transformers' `sdpa` against hf-spec's grouped attention (`hf_spec/kernels/grouped_attention.py`) on CPU.
 
-    python benchmarks/grouped_attention.py layer      # one layer's attention, Qwen2.5-0.5B shapes (us)
+    python benchmarks/grouped_attention.py layer [--dtype bfloat16]   # one layer's attention, Qwen2.5-0.5B shapes (us)
     python benchmarks/grouped_attention.py forward    # a whole verification forward, interleaved (ms)
     python benchmarks/grouped_attention.py generate --method retrieval:CONFIG.json [--new 64]
         # hf-spec generations on the first Spec-Bench prompt of each category, on and off alternately
@@ -19,7 +19,7 @@ import torch
 from transformers import DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from hf_spec.kernels.grouped_attention import grouped_attention, grouped_attention_forward
+from hf_spec.kernels.grouped_attention import grouped_attention, grouped_attention_forward, grouped_product
 from hf_spec.kernels.screened_head import screened_lm_head
 from hf_spec.kernels.skinny_linear import fast_linears
 from hf_spec.verify.cache import crop_cache
@@ -34,11 +34,13 @@ def _causal(rows: int, kv_len: int) -> torch.Tensor:
     return mask
 
 
-def layer() -> None:
+def layer(dtype: torch.dtype) -> None:
+    """One layer's attention as transformers calls `sdpa` (no mask for one row, else a causal mask), `sdpa` given
+    an explicit mask (all-true for one row), hf-spec's grouped product, and what hf-spec's interface picks."""
     module = torch.nn.Module()
     module.num_key_value_groups, module.is_causal = HEADS // KV_HEADS, True
 
-    def best_us(fn, *args, n: int = 500) -> float:
+    def best_us(fn, *args, n: int = 200) -> float:
         for _ in range(20):
             fn(*args)
         best = float("inf")
@@ -49,15 +51,23 @@ def layer() -> None:
             best = min(best, (time.perf_counter() - start) / n)
         return best * 1e6
 
-    print("| cached tokens | rows | sdpa us | grouped us |\n|---|---|---|---|")
+    print(
+        f"{dtype}\n| cached tokens | rows | sdpa us | sdpa, explicit mask us | grouped product us | hf-spec's pick us |"
+        "\n|---|---|---|---|---|---|"
+    )
     with torch.no_grad():
-        for kv_len in (100, 300, 700):
-            for rows in (2, 6, 12):
-                q = torch.randn(1, HEADS, rows, HEAD_DIM)
-                k, v = (torch.randn(1, KV_HEADS, kv_len, HEAD_DIM) for _ in range(2))
-                args = (module, q, k, v, _causal(rows, kv_len))
-                off, on = best_us(sdpa_attention_forward, *args), best_us(grouped_attention_forward, *args)
-                print(f"| {kv_len} | {rows} | {off:.0f} | {on:.0f} |", flush=True)
+        for kv_len in (200, 600, 1500):
+            for rows in (1, 2, 6, 12):
+                q = torch.randn(1, HEADS, rows, HEAD_DIM, dtype=dtype)
+                k, v = (torch.randn(1, KV_HEADS, kv_len, HEAD_DIM, dtype=dtype) for _ in range(2))
+                mask = _causal(rows, kv_len)
+                us = [
+                    best_us(sdpa_attention_forward, module, q, k, v, None if rows == 1 else mask),
+                    best_us(sdpa_attention_forward, module, q, k, v, mask),
+                    best_us(grouped_product, q, k, v, mask, None),
+                    best_us(grouped_attention_forward, module, q, k, v, None if rows == 1 else mask),
+                ]
+                print(f"| {kv_len} | {rows} | " + " | ".join(f"{u:.0f}" for u in us) + " |", flush=True)
 
 
 def forward(model, repeats: int = 12) -> None:
@@ -128,10 +138,11 @@ def main() -> None:
     )
     ap.add_argument("--prompts", default="../shared/data/eval/spec_bench_dev.jsonl")
     ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.what == "layer":
-        return layer()
+        return layer(getattr(torch, args.dtype))
     from hf_spec.models import load_model
 
     model, tokenizer = load_model(args.target)

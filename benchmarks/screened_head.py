@@ -141,8 +141,15 @@ def main() -> None:
     parser.add_argument(
         "--switch",
         default="HF_SPEC_SCREENED_HEAD",
-        choices=("HF_SPEC_SCREENED_HEAD", "HF_SPEC_SCREEN_INT8_X", "HF_SPEC_BF16_KERNEL", "none"),
-        help="screening on/off, x in int8/fp32, the bf16 kernel on/off, or none (the same settings twice)",
+        choices=(
+            "HF_SPEC_SCREENED_HEAD",
+            "HF_SPEC_SCREEN_INT8_X",
+            "HF_SPEC_BF16_KERNEL",
+            "HF_SPEC_GROUPED_ATTENTION",
+            "none",
+        ),
+        help="screening on/off, x in int8/fp32, the bf16 kernel on/off, hf-spec's attention on/off, or none (the "
+        "same settings twice)",
     )
     parser.add_argument(
         "--prompts", type=int, default=13, help="first prompt of each category, up to this many"

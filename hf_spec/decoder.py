@@ -21,6 +21,7 @@ from hf_spec.generate import (
     generate_frame_local,
     speculative_generate,
 )
+from hf_spec.kernels.grouped_attention import grouped_attention
 from hf_spec.kernels.skinny_linear import fast_linears
 from hf_spec.methods.base import Drafter
 from hf_spec.registry import get_method, parse_method
@@ -49,8 +50,8 @@ class SpeculativeDecoder:
             pld, retrieval, eagle, lyanna); `"rows"`: row by row with speculation (any drafter); `"auto"`
             (default): batched where the drafter allows, and there round by round a tree or a plain step,
             whichever commits more tokens per second as measured (`hf_spec.draft_switch`), else rows;
-            `"plain"`: transformers' own decoding, no speculation, its linears on hf-spec's CPU kernels where
-            they apply (`last_stats` None).
+            `"plain"`: transformers' own decoding, no speculation, its linears and one-row attention on
+            hf-spec's CPU kernels where they apply (`last_stats` None).
     """
 
     def __init__(
@@ -144,9 +145,9 @@ class SpeculativeDecoder:
         **model_kwargs,
     ):  # fmt: skip
         """A batch, `num_return_sequences` copies or a padded prompt, as `self.batches` says."""
-        if self.batches == "plain":  # transformers' own loop, its linears on hf-spec's CPU kernels
+        if self.batches == "plain":  # transformers' own loop, its linears and attention on hf-spec's kernels
             self.last_stats = None
-            with fast_linears(model):
+            with fast_linears(model), grouped_attention(model):
                 return type(model)._sample(
                     model, input_ids, logits_processor, stopping_criteria, generation_config, streamer=streamer,
                     **model_kwargs,

@@ -137,21 +137,44 @@ def test_bfloat16_inputs_keep_fp32_scores():
     assert float((out.float() - ref).abs().max()) < 0.05
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_fully_masked_row_stays_finite_and_the_others_equal_sdpa():
+    """A padding query of a padded prefill sees no key (transformers' boolean mask): its output must be finite, or
+    the next layer's keys at that slot would carry NaN into every row (masked scores + NaN = NaN)."""
+    q, k, v = _inputs(6, 2, 4, 4, seed=3)
+    mask = torch.ones(4, 4, dtype=torch.bool).tril()[None, None].clone()
+    mask[..., 0, :] = False
+    module = _Module(3)
+    with torch.no_grad():
+        ref, _ = sdpa_attention_forward(module, q, k, v, mask)
+        out, _ = ga.grouped_attention_forward(module, q, k, v, mask)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out[:, 1:], ref[:, 1:])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("masked", [False, True])
-def test_one_half_precision_row_runs_here(dtype, masked):
-    """One bfloat16 / float16 query row (torch's flash kernel is slow for it): the whole cache without a mask, or
-    a 4D mask (a sliding window); fp32 scores, one rounding. A float32 row keeps `sdpa` (test above)."""
+def test_one_row_takes_sdpas_masked_path(dtype, masked, monkeypatch):
+    """One query row (torch's unmasked kernel is slow for it, 5-10x in bfloat16) goes to `sdpa` with a mask: its
+    own 4D mask (a sliding window) or an all-zero bias; the result is the fp32 one up to one rounding."""
     q, k, v = _inputs(14, 2, 1, 50, seed=11, batch=2)
     mask = torch.ones(1, 1, 1, 50, dtype=torch.bool)
     mask[..., :20] = False
     module = _Module(7)
     half = [t.to(dtype) for t in (q, k, v)]
+    masks = []
+
+    def spy(module, query, key, value, attention_mask, **kwargs):
+        masks.append(attention_mask)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    monkeypatch.setattr(ga, "sdpa_attention_forward", spy)
     with torch.no_grad():
         exact, _ = sdpa_attention_forward(module, *[t.float() for t in half], mask if masked else None)
         out, _ = ga.grouped_attention_forward(module, *half, mask if masked else None)
     assert out.dtype == dtype and out.shape == (2, 1, 14, 16)
-    torch.testing.assert_close(out.float(), exact, rtol=2**-7, atol=2**-8)
+    assert len(masks) == 1 and (masks[0] is mask if masked else not masks[0].any())  # given, or all-zero bias
+    tolerance = 1e-5 if dtype is torch.float32 else 2**-7
+    torch.testing.assert_close(out.float(), exact, rtol=tolerance, atol=tolerance / 2)
 
 
 def test_bfloat16_decoding_runs_one_row_steps_here(monkeypatch):

@@ -21,6 +21,7 @@ import torch
 
 from hf_spec.decoder import SpeculativeDecoder
 from hf_spec.generate import sum_counts
+from hf_spec.kernels.grouped_attention import grouped_attention
 from hf_spec.kernels.skinny_linear import fast_linears, one_row_kernel_decision
 from hf_spec.models.fetch import dtype_name
 
@@ -113,7 +114,7 @@ class Method:
         self.model = model
         self.kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False)
         self.decoder: SpeculativeDecoder | None = None
-        # ar-kernels: plain decoding on hf-spec's CPU matmul kernels, to measure their share alone
+        # ar-kernels: plain decoding on hf-spec's CPU kernels (linears, attention), to measure their share alone
         self.kernels = name == "ar-kernels"
         if name in ("ar", "ar-kernels"):
             pass
@@ -134,7 +135,10 @@ class Method:
         input_ids = input_ids.to(self.model.device)
         synchronize(self.model.device)
         start = time.perf_counter()
-        with fast_linears(self.model, enabled=self.kernels):
+        with (
+            fast_linears(self.model, enabled=self.kernels),
+            grouped_attention(self.model, enabled=self.kernels),
+        ):
             out = self.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), **self.kwargs)
         synchronize(self.model.device)
         elapsed = time.perf_counter() - start

@@ -21,7 +21,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--methods",
         required=True,
-        help="comma list: ar, ar-kernels (plain decoding on hf-spec's CPU matmul kernels), hf-pld, hf-early-exit:K, "
+        help="comma list: ar, ar-kernels (plain decoding on hf-spec's CPU kernels), hf-pld, hf-early-exit:K, "
         "or hf-spec name[:arg]",
     )
     p.add_argument("--prompts", required=True, help="Spec-Bench style .jsonl (question_id, category, turns)")

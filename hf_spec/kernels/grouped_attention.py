@@ -8,11 +8,12 @@ cached tokens and 7.4 ms after 1,500 (a whole verification: 128 ms for 1 row, 17
 group of query heads is one matrix, `(groups * rows, head_dim) @ (head_dim, kv_len)`, plus the mask, a softmax
 and `@ V` (0.12 ms and 0.23 ms). Same function, fp32 rounding aside (as any other kernel choice).
 
-One query row in bfloat16 / float16 (a plain step or a one-token draft step) runs here too: torch's CPU flash
-kernel is 5-10x slower for it than in float32 (`SLOW_ONE_ROW_DTYPES`).
+One query row with no mask (a plain step or a one-token draft step) is given an all-zero bias and left to `sdpa`:
+torch's CPU kernel for one unmasked row is 5-10x slower in bfloat16 / float16 than its masked path, and up to 1.4x
+in float32 after long contexts; the masked path also beats the grouped product for one row.
 
 Only inside `grouped_attention(model)` (hf-spec's decoding loop), only where the model runs `sdpa` on CPU; every
-other call (prefill, one float32 row, dropout, biases, sinks) goes to transformers' own `sdpa_attention_forward`.
+other call (prefill, one row, dropout, biases, sinks) goes to transformers' own `sdpa_attention_forward`.
 """
 
 from __future__ import annotations
@@ -29,32 +30,23 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 NAME = "hf_spec_grouped"
 MAX_QUERY_ROWS = 64  # beyond (prefill) torch's flash kernel is the better choice
-# one query row (a plain step, a one-token draft step): torch's CPU flash kernel is 5-10x slower in bfloat16 and
-# float16 than in float32 (Qwen2.5-0.5B shapes, AMD EPYC Zen 5: 170 us against 34 here after 300 cached tokens, 896
-# against 93 after 1,500); in float32 it is as fast as this and keeps the call
-SLOW_ONE_ROW_DTYPES = (torch.bfloat16, torch.float16)
+# one unmasked query row (a plain step, a one-token draft step) runs faster in torch's masked kernel: Qwen2.5-0.5B
+# shapes, AMD EPYC Zen 5, us after 200 / 600 / 1,500 cached tokens (`benchmarks/grouped_attention.py layer`):
+# bfloat16 unmasked 130 / 379 / 916, given a mask 25 / 44 / 83, the grouped product 59 / 66 / 109; float32 22 / 43 /
+# 96, 20 / 37 / 69, 25 / 41 / 75
 
 
 def _applies(
     query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, dropout: float, kwargs
 ) -> bool:
-    rows = query.shape[2]
-    if rows == 1:  # one row sees the whole cache (no mask) or its own 4D mask
-        few = query.dtype in SLOW_ONE_ROW_DTYPES
-    else:
-        few = 2 <= rows <= MAX_QUERY_ROWS and mask is not None
     return (
-        few
+        2 <= query.shape[2] <= MAX_QUERY_ROWS
+        and mask is not None
         and query.device.type == "cpu"
-        and (
-            mask is None
-            or (
-                mask.dim() == 4
-                and mask.shape[0] in (1, query.shape[0])
-                and mask.shape[1] == 1
-                and mask.shape[-1] == key.shape[2]
-            )
-        )
+        and mask.dim() == 4
+        and mask.shape[0] in (1, query.shape[0])
+        and mask.shape[1] == 1
+        and mask.shape[-1] == key.shape[2]
         and dropout == 0.0
         and query.shape[1] % key.shape[1] == 0
         and query.dtype == key.dtype
@@ -77,6 +69,8 @@ def grouped_attention_forward(
     """transformers' attention interface. query `(batch, heads, rows, head_dim)`, key/value `(batch, kv_heads,
     kv_len, head_dim)`, mask `(batch or 1, 1, rows, kv_len)` (bool: True attends; or additive) -> `(batch, rows,
     heads, head_dim)`."""
+    if attention_mask is None and query.shape[2] == 1 and query.is_cpu:
+        attention_mask = torch.zeros(1, 1, 1, key.shape[2], dtype=query.dtype)  # torch's faster masked path
     if not _applies(query, key, attention_mask, dropout, kwargs):
         return sdpa_attention_forward(
             module,
@@ -89,6 +83,18 @@ def grouped_attention_forward(
             is_causal=is_causal,
             **kwargs,
         )
+    return grouped_product(query, key, value, attention_mask, scaling), None
+
+
+def grouped_product(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor,
+    scaling: float | None,
+) -> torch.Tensor:
+    """Each KV head's query heads as one matrix: query `(batch, heads, rows, head_dim)`, key/value `(batch,
+    kv_heads, kv_len, head_dim)`, mask `(batch or 1, 1, rows, kv_len)` -> `(batch, rows, heads, head_dim)`."""
     batch, heads, rows, dim = query.shape
     kv_heads, kv_len, dim_v = key.shape[1], key.shape[2], value.shape[-1]
     groups = heads // kv_heads
@@ -97,18 +103,17 @@ def grouped_attention_forward(
     scale = dim**-0.5 if scaling is None else scaling
     q = q.reshape(batch * kv_heads, groups * rows, dim)  # each KV head's query heads, rows inner
     k, v = k.reshape(batch * kv_heads, kv_len, dim), v.reshape(batch * kv_heads, kv_len, dim_v)
+    mask = attention_mask[:, 0]  # (batch or 1, rows, kv_len)
+    if mask.dtype == torch.bool:
+        # the lowest float, not -inf: a fully masked row (a padding query in a padded prefill) then averages its
+        # values instead of turning NaN, which the next layer's keys would spread to every row
+        mask = torch.zeros(mask.shape).masked_fill_(~mask, torch.finfo(torch.float32).min)
+    bias = mask.float()[:, None, None].expand(batch, kv_heads, groups, rows, kv_len)
+    bias = bias.reshape(batch * kv_heads, groups * rows, kv_len)
     # (batch * kv_heads, groups * rows, kv_len)
-    if attention_mask is None:  # one row: every cached position
-        scores = torch.bmm(q, k.transpose(1, 2)).mul_(scale)
-    else:
-        mask = attention_mask[:, 0]  # (batch or 1, rows, kv_len)
-        if mask.dtype == torch.bool:
-            mask = torch.zeros(mask.shape).masked_fill_(~mask, float("-inf"))
-        bias = mask.float()[:, None, None].expand(batch, kv_heads, groups, rows, kv_len)
-        bias = bias.reshape(batch * kv_heads, groups * rows, kv_len)
-        scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=scale)
+    scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=scale)
     out = torch.bmm(torch.softmax(scores, dim=-1), v)  # (batch * kv_heads, groups * rows, dim_v)
-    return out.view(batch, heads, rows, dim_v).transpose(1, 2).to(query.dtype).contiguous(), None
+    return out.view(batch, heads, rows, dim_v).transpose(1, 2).to(query.dtype).contiguous()
 
 
 AttentionInterface.register(NAME, grouped_attention_forward)
