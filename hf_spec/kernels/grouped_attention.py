@@ -133,14 +133,25 @@ def grouped_attention(model: nn.Module, enabled: bool = True) -> Iterator[None]:
     others (Falcon, ...) test `_attn_implementation == "sdpa"` themselves and would take their eager branch, with
     the registered mask function's boolean mask added to the scores as if it were additive."""
     config = getattr(model, "config", None)
+    usable = (
+        enabled
+        and config is not None
+        and getattr(type(model), "_supports_attention_backend", False)
+        and not getattr(config, "sub_configs", None)  # a composite model: its parts keep their own settings
+        and next(model.parameters()).device.type == "cpu"
+    )
+    with attention_of(config if usable else None):
+        yield
+
+
+@contextlib.contextmanager
+def attention_of(config) -> Iterator[None]:
+    """Inside the block the layers built from `config` (a model's, or a draft head's layer config) run
+    `grouped_attention_forward` where they ran `sdpa`; `None` or `HF_SPEC_GROUPED_ATTENTION=0`: unchanged."""
     if (
-        not enabled
+        config is None
         or grouped_attention_disabled()
-        or config is None
-        or not getattr(type(model), "_supports_attention_backend", False)
         or getattr(config, "_attn_implementation", None) != "sdpa"
-        or getattr(config, "sub_configs", None)  # a composite model: its parts keep their own settings
-        or next(model.parameters()).device.type != "cpu"
     ):
         yield
         return

@@ -15,6 +15,7 @@ from transformers import DynamicCache
 from hf_spec.config import MethodConfig, read_config
 from hf_spec.heads.base import DraftHeadModel
 from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER
+from hf_spec.kernels.grouped_attention import attention_of
 from hf_spec.kernels.skinny_linear import skinny_linear
 from hf_spec.kernels.weight_only import QuantizedWeight, draft_linears, quantize_linears
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
@@ -104,14 +105,20 @@ class HeadDrafter(Drafter):
         self.norm = model.model.norm
         self.device = self.lm_weight.device  # the head's and the target LM head's
         self.dtype = next(self.head.parameters()).dtype  # the target's: the head runs in its precision
+        # the head's layer is the target family's: hf-spec's CPU attention where the family dispatches through
+        # transformers' attention interface (draft levels of a tree after hundreds of cached tokens)
+        family_ok = getattr(type(model), "_supports_attention_backend", False) and self.device.type == "cpu"
+        attention = getattr(self.head.layer, "self_attn", None)
+        self.layer_config = getattr(attention, "config", None) if family_ok else None
         self.cache = DynamicCache()
         self.pending_features: list[torch.Tensor] = []  # [n, H] chunks
         self.skipped = 0  # prompt positions before the head's first (cached before this call: no features)
 
     @contextlib.contextmanager
     def fast_head(self) -> Iterator[None]:
-        """Inside the block the head's linears run packed (`quantize`) or by the skinny-GEMM kernel."""
-        with draft_linears(self.head, self.quantized):
+        """Inside the block the head's linears run packed (`quantize`) or by the skinny-GEMM kernel, its attention
+        as the target's in hf-spec's loop (`grouped_attention`)."""
+        with draft_linears(self.head, self.quantized), attention_of(self.layer_config):
             yield
 
     def lm_logits(self, normed: torch.Tensor) -> torch.Tensor:
