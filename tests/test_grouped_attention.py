@@ -191,3 +191,28 @@ def test_bfloat16_decoding_runs_one_row_steps_here(monkeypatch):
     monkeypatch.setitem(ga.AttentionInterface._global_mapping, ga.NAME, spy)
     run_in_bfloat16(make_tiny_model("qwen2"), "pld")
     assert 1 in rows and max(rows) >= 2
+
+
+def test_a_separate_draft_model_drafts_through_it(tiny_model, monkeypatch):
+    """A separate draft model's steps (one row each, and its prompt) go through hf-spec's attention too; the output
+    is still `generate`'s."""
+    from hf_spec.methods.draft_model.config import DraftModelConfig
+    from hf_spec.methods.draft_model.drafter import DraftModelDrafter
+    from tests.conftest import make_tiny_model
+
+    draft = make_tiny_model("llama", seed=5, layers=2)
+    drafted, real = [], ga.grouped_attention_forward
+
+    def spy(module, query, *args, **kwargs):
+        if any(module is m for m in draft.modules()):
+            drafted.append(query.shape[2])
+        return real(module, query, *args, **kwargs)
+
+    monkeypatch.setitem(ga.AttentionInterface._global_mapping, ga.NAME, spy)
+    dec = SpeculativeDecoder(
+        DraftModelDrafter(DraftModelConfig(num_draft_tokens=4), tiny_model, draft_model=draft)
+    )
+    ids = prompt_ids(12, seed=4)
+    ref = tiny_model.generate(ids, max_new_tokens=20, do_sample=False)
+    assert torch.equal(tiny_model.generate(ids, max_new_tokens=20, do_sample=False, custom_generate=dec), ref)
+    assert 1 in drafted and draft.config._attn_implementation == "sdpa"

@@ -3,6 +3,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from hf_spec.kernels.grouped_attention import grouped_attention
 from hf_spec.kernels.skinny_linear import fast_linears
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
 from hf_spec.methods.common import chain_with_siblings
@@ -53,13 +54,14 @@ class DraftModelDrafter(Drafter, StepwiseDrafter):
 
     def _next_logits(self, ids: torch.Tensor, start: int) -> torch.Tensor:
         position_ids = torch.arange(start, start + ids.shape[1], device=ids.device).unsqueeze(0)
-        out = self.draft(
-            input_ids=ids,
-            position_ids=position_ids,
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        with fast_linears(self.draft), grouped_attention(self.draft):
+            out = self.draft(
+                input_ids=ids,
+                position_ids=position_ids,
+                past_key_values=self.cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
         return out.logits[0, -1].float()
 
     @torch.no_grad()
@@ -106,7 +108,7 @@ class DraftModelDrafter(Drafter, StepwiseDrafter):
         return self.cached, state.input_ids[0, self.cached : -1].tolist()
 
     def _step_forward(self, ids, position_ids, mask) -> torch.Tensor:
-        with fast_linears(self.draft):
+        with fast_linears(self.draft), grouped_attention(self.draft):
             out = self.draft(
                 input_ids=ids,
                 position_ids=position_ids,
