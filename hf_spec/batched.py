@@ -31,7 +31,7 @@ from hf_spec.kernels.skinny_linear import fast_linears
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
 from hf_spec.rows import batch_output, row_inputs
 from hf_spec.tree.buffers import DraftTree
-from hf_spec.verify.cache import _layers
+from hf_spec.verify.cache import _layers, cache_kwargs, passed_cache
 from hf_spec.verify.windows import has_sliding_layers, target_cache, windowed_mask
 
 
@@ -142,7 +142,7 @@ def batched_generate(
     """
     inputs = row_inputs(
         input_ids, model_kwargs.get("attention_mask"), logits_processor, stopping_criteria, generation_config,
-        streamer, model_kwargs.get("past_key_values"),
+        streamer, passed_cache(model_kwargs),
     )  # fmt: skip
     batch, length = input_ids.shape
     pads = [length - row.input_ids.shape[1] for row in inputs]
@@ -168,7 +168,7 @@ def batched_generate(
             input_ids=input_ids[:, :-1],
             position_ids=positions.to(device),
             attention_mask=mask,
-            past_key_values=cache,
+            **cache_kwargs(model, cache),
             use_cache=True,
             output_hidden_states=want_hidden,
             logits_to_keep=1,
@@ -222,7 +222,7 @@ def batched_generate(
                     input_ids=block.to(device),
                     position_ids=pos.to(device),
                     attention_mask=mask,
-                    past_key_values=cache,
+                    **cache_kwargs(model, cache),
                     use_cache=True,
                     output_hidden_states=want_hidden,
                 )

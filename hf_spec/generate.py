@@ -29,7 +29,15 @@ from hf_spec.kernels.screened_head import screened_lm_head, screening_applies
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
 from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
 from hf_spec.verify.acceptance import Acceptance, accept_greedy, accept_sampling
-from hf_spec.verify.cache import cache_length, check_rewindable, compact_cache, crop_cache
+from hf_spec.verify.cache import (
+    OUTPUT_CACHE_FIELD,
+    cache_kwargs,
+    cache_length,
+    check_rewindable,
+    compact_cache,
+    crop_cache,
+    passed_cache,
+)
 from hf_spec.verify.compat import check_tree_verification
 from hf_spec.verify.windows import attention_windows, rewindable_cache, sequence_mask
 
@@ -159,7 +167,7 @@ def speculative_generate(
         `torch.LongTensor` of shape `(1, total_length)`, or `SpecDecodeOutput` with
         `return_dict_in_generate=True`.
     """
-    cache = model_kwargs.get("past_key_values")
+    cache = passed_cache(model_kwargs)
     if cache is None:
         raise ValueError("hf-spec needs a KV cache from `generate` (use_cache=True)")
     cache = rewindable_cache(model, cache)
@@ -194,7 +202,7 @@ def speculative_generate(
         out = model(
             input_ids=input_ids[:, past:-1],
             position_ids=torch.arange(past, input_ids.shape[1] - 1, device=device).unsqueeze(0),
-            past_key_values=cache,
+            **cache_kwargs(model, cache),
             use_cache=True,
             output_hidden_states=want_hidden,
             logits_to_keep=1,
@@ -265,7 +273,7 @@ def speculative_generate(
             sequences=input_ids,
             scores=tuple(scores_out) if out_scores else None,
             logits=tuple(logits_out) if out_logits else None,
-            past_key_values=cache if generation_config.use_cache else None,
+            **{OUTPUT_CACHE_FIELD: cache if generation_config.use_cache else None},
             spec_stats=stats.to_dict(),
         )
     return input_ids

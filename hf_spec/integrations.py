@@ -21,6 +21,7 @@ from hf_spec.generate import generate_frame_local
 from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
 from hf_spec.tree.buffers import DraftTree
+from hf_spec.verify.cache import passed_cache
 
 AssistantLike = SpeculativeDecoder | Drafter | MethodConfig
 
@@ -56,7 +57,7 @@ class HfSpecCandidateGenerator(CandidateGenerator):
     def get_candidates(
         self, input_ids: torch.LongTensor, **kwargs
     ) -> tuple[torch.LongTensor, torch.Tensor | None]:
-        cache = kwargs["model_kwargs"].get("past_key_values")
+        cache = passed_cache(kwargs["model_kwargs"])
         outputs = kwargs.get("model_outputs")
         if self.wants_hidden and kwargs.get("is_first_iteration", self.state is None):
             return input_ids, None  # let the target prefill the prompt: its hidden states come back next call

@@ -30,7 +30,7 @@ from transformers.generation.logits_process import (
 )
 
 from hf_spec.generate import SpecDecodeOutput, SpecStats, sum_counts
-from hf_spec.verify.cache import cache_length
+from hf_spec.verify.cache import GENERATE_CACHE_KEY, cache_length, passed_cache
 from hf_spec.verify.windows import target_cache
 
 
@@ -198,7 +198,6 @@ def batch_output(
         sequences=sequences,
         scores=stack_steps(scores, steps, pad_token_id),
         logits=stack_steps(logits, steps, pad_token_id),
-        past_key_values=None,
         spec_stats=combine_stats(stats).to_dict(),
     )
 
@@ -224,17 +223,19 @@ def generate_rows(
         (`torch.LongTensor` of shape `(batch_size, prompt_length + longest_new)`, or `SpecDecodeOutput`
         with `return_dict_in_generate=True`; the rows' `SpecStats`). Rows that stop early are filled with
         `pad_token_id`; their `scores` / `logits` at later steps give padding log-probability 0 and every
-        other token -inf. The batch's KV cache is not returned (`past_key_values=None`): each row had its own.
+        other token -inf. The batch's KV cache is not returned: each row had its own.
     """
     rows = row_inputs(
         input_ids, model_kwargs.pop("attention_mask", None), logits_processor, stopping_criteria,
-        generation_config, streamer, model_kwargs.pop("past_key_values", None),
+        generation_config, streamer, passed_cache(model_kwargs, pop=True),
     )  # fmt: skip
     model_kwargs.pop("position_ids", None)  # each row counts its positions from its first real token
     new_tokens, outputs, stats = [], [], []
     for row in rows:
         stats.append(SpecStats())
-        out = decode_row(model, *row, stats=stats[-1], past_key_values=target_cache(model), **model_kwargs)
+        out = decode_row(
+            model, *row, stats=stats[-1], **{GENERATE_CACHE_KEY: target_cache(model)}, **model_kwargs
+        )
         sequence = out.sequences if isinstance(out, SpecDecodeOutput) else out
         new_tokens.append(sequence[0, row.input_ids.shape[1] :])
         outputs.append(out if isinstance(out, SpecDecodeOutput) else None)

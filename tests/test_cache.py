@@ -44,3 +44,41 @@ def test_crop_selected_layers_only(tiny_llama):
         tiny_llama(input_ids=torch.randint(3, 96, (1, 10)), past_key_values=cache, use_cache=True)
     crop_cache(cache, 6, range(2))
     assert [layer.keys.shape[-2] for layer in cache.layers] == [6, 6, 10, 10]
+
+
+def test_the_cache_goes_by_the_name_the_installed_transformers_uses(tiny_llama):
+    """transformers 5.24 renamed `past_key_values` to `cache` (the old name is deprecated): hf-spec passes the cache
+    by the name each forward takes, reads it from `generate`'s model_kwargs under either name, and returns it in
+    the output field of the installed version."""
+    import dataclasses
+
+    from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+    from hf_spec.verify.cache import GENERATE_CACHE_KEY, OUTPUT_CACHE_FIELD, cache_kwargs, passed_cache
+
+    cache = DynamicCache()
+    layer = tiny_llama.model.layers[0]
+    assert set(cache_kwargs(tiny_llama, cache)) == set(cache_kwargs(layer, cache)) == {GENERATE_CACHE_KEY}
+
+    class Wrapper(torch.nn.Module):  # `*args, **kwargs`: the installed version's name
+        def forward(self, *args, **kwargs):
+            return kwargs
+
+    assert cache_kwargs(Wrapper(), cache) == {GENERATE_CACHE_KEY: cache}
+    assert OUTPUT_CACHE_FIELD in {f.name for f in dataclasses.fields(GenerateDecoderOnlyOutput)}
+    for name in ("cache", "past_key_values"):
+        kwargs = {name: cache, "attention_mask": None}
+        assert passed_cache(kwargs) is cache and name in kwargs
+        assert passed_cache(kwargs, pop=True) is cache and set(kwargs) == {"attention_mask"}
+    assert passed_cache({}) is None
+    ids = torch.tensor([[1, 5, 7, 3]])
+    from hf_spec import SpeculativeDecoder
+
+    out = tiny_llama.generate(
+        ids,
+        max_new_tokens=6,
+        do_sample=False,
+        return_dict_in_generate=True,
+        custom_generate=SpeculativeDecoder("pld"),
+    )
+    assert getattr(out, OUTPUT_CACHE_FIELD) is not None  # the cache the generation filled comes back

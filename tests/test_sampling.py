@@ -93,6 +93,19 @@ def test_loop_sampling_matches_plain_sampling(width, loop):
     assert min(pvalues) > 1e-3, pvalues
 
 
+@pytest.mark.parametrize("loop", ["hf-spec", "batched"])
+def test_bfloat16_sampling_matches_plain_sampling(loop):
+    """A bfloat16 target and drafter (hf-spec's bf16 kernels and attention where they apply): the per-position
+    marginals are the bf16 target's plain-sampling ones (rounding between forward shapes is far below what 1,500
+    draws can see; a wrong dtype or probability in acceptance is not)."""
+    target = make_tiny_model("llama", seed=11, vocab_size=V, layers=2, temperature=2.0).to(torch.bfloat16)
+    draft = make_tiny_model("llama", seed=12, vocab_size=V, layers=1, temperature=2.0).to(torch.bfloat16)
+    decoder = SpeculativeDecoder(SampledTreeDrafter(target, draft, 2))
+    pvalues, accepted = sampled_marginals_pvalues(target, lambda: decoder, loop, n=1500, seed=99)
+    assert accepted > 1500 * 0.3
+    assert min(pvalues) > 1e-3, pvalues
+
+
 def test_batch_sampling_with_plain_steps_between_drafted_rounds(monkeypatch):
     """`batches="auto"` may take a plain step in any round (`DraftSwitch`): alternating drafted rounds and plain
     steps, 50 copies a call, the per-position marginals stay those of plain sampling."""

@@ -12,6 +12,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from hf_spec.heads.family import build_layer_config, family_classes, layer_config_dict
 from hf_spec.models.fingerprint import check_fingerprint, target_fingerprint
+from hf_spec.verify.cache import cache_kwargs
 
 
 class DraftHeadConfig(PretrainedConfig):
@@ -131,7 +132,7 @@ class DraftHeadModel(PreTrainedModel):
             attention_mask=attention_mask,
             position_embeddings=position_embeddings,
             position_ids=position_ids,
-            past_key_values=cache,
+            **cache_kwargs(self.layer, cache),
             use_cache=cache is not None,
         )
         return out[0] if isinstance(out, tuple) else out

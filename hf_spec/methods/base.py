@@ -12,6 +12,7 @@ from transformers import Cache, GenerationConfig, PreTrainedModel
 from hf_spec.config import MethodConfig
 from hf_spec.kernels.skinny_linear import fast_linears
 from hf_spec.tree.buffers import DraftTree
+from hf_spec.verify.cache import cache_kwargs
 
 
 @dataclass
@@ -131,7 +132,7 @@ class Drafter(ABC):
                 input_ids=input_ids,
                 position_ids=position_ids,
                 attention_mask=attention_mask,
-                past_key_values=state.cache,
+                **cache_kwargs(state.model, state.cache),
                 use_cache=True,
                 output_hidden_states=output_hidden_states,
             )

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from transformers import Cache, PreTrainedModel
 
+from hf_spec.verify.cache import cache_kwargs
 from hf_spec.verify.windows import attention_windows
 
 
@@ -85,7 +86,7 @@ def run_layers(
             attention_mask=attention_mask,
             position_embeddings=embeddings[kind],
             position_ids=position_ids,
-            past_key_values=cache,
+            **cache_kwargs(layer, cache),
             use_cache=cache is not None,
         )
         if isinstance(hidden_states, tuple):  # older layer classes return a tuple

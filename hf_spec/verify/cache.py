@@ -1,9 +1,52 @@
-"""Keeping a transformers KV cache in step with the committed tokens."""
+"""Keeping a transformers KV cache in step with the committed tokens, and passing it by the name the installed
+transformers uses (`cache` from 5.24, `past_key_values` before)."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
+
 import torch
 from transformers import Cache
+from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
+
+# the key under which `generate` hands a decoding method the KV cache in `model_kwargs`
+GENERATE_CACHE_KEY = (
+    "cache"
+    if "cache" in inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
+    else "past_key_values"
+)
+# the field of `generate`'s output dataclasses that holds the KV cache
+OUTPUT_CACHE_FIELD = (
+    "cache"
+    if "cache" in {f.name for f in dataclasses.fields(GenerateDecoderOnlyOutput)}
+    else "past_key_values"
+)
+
+
+@functools.cache
+def _forward_cache_name(cls: type) -> str:
+    try:
+        params = inspect.signature(cls.forward).parameters
+    except (TypeError, ValueError):
+        params = {}
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    return GENERATE_CACHE_KEY  # `*args, **kwargs` forwards (wrappers): the installed transformers' name
+
+
+def cache_kwargs(module: torch.nn.Module, cache) -> dict:
+    """`{name: cache}` for a forward of `module` (a model or a decoder layer), by the name its forward takes."""
+    return {_forward_cache_name(type(module)): cache}
+
+
+def passed_cache(model_kwargs: dict, pop: bool = False) -> Cache | None:
+    """The KV cache `generate` put in `model_kwargs` (either name); `pop` removes it."""
+    get = model_kwargs.pop if pop else model_kwargs.get
+    found = [get(name, None) for name in ("cache", "past_key_values")]
+    return next((c for c in found if c is not None), None)
 
 
 def _layers(cache: Cache):

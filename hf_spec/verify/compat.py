@@ -17,7 +17,7 @@ from transformers import PreTrainedModel
 from hf_spec.kernels.grouped_attention import grouped_attention
 from hf_spec.kernels.skinny_linear import fast_linears
 from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
-from hf_spec.verify.cache import crop_cache
+from hf_spec.verify.cache import cache_kwargs, crop_cache
 from hf_spec.verify.windows import sequence_mask, target_cache
 
 # of the logits' range; a tree forward and a plain one round differently (bfloat16: 1.5-1.8% on SmolLM2 and Qwen)
@@ -40,7 +40,7 @@ def _failure(model: PreTrainedModel) -> str | None:
         want = model(input_ids=torch.tensor([[*prefix, root, b, c]], device=device)).logits[0, 3:].float()
         scale = float(want.abs().max()) + 1e-6
         cache = target_cache(model)
-        model(input_ids=torch.tensor([prefix], device=device), past_key_values=cache, use_cache=True)
+        model(input_ids=torch.tensor([prefix], device=device), use_cache=True, **cache_kwargs(model, cache))
         for kind, tree, rows in (
             ("chain", DraftTree.chain([b]), [0, 1]),
             ("tree", DraftTree([a, b, c], [-1, -1, 1]), [0, 2, 3]),
@@ -53,7 +53,7 @@ def _failure(model: PreTrainedModel) -> str | None:
                     input_ids=torch.tensor([[root, *tree.tokens.tolist()]], device=device),
                     position_ids=positions,
                     attention_mask=sequence_mask(model, mask, positions),
-                    past_key_values=cache,
+                    **cache_kwargs(model, cache),
                     use_cache=True,
                 )
                 .logits[0, rows]

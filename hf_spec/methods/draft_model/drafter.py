@@ -10,7 +10,7 @@ from hf_spec.methods.common import chain_with_siblings
 from hf_spec.methods.draft_model.config import DraftModelConfig
 from hf_spec.methods.stepwise import StepwiseDrafter
 from hf_spec.tree.buffers import DraftTree
-from hf_spec.verify.cache import compact_cache, crop_cache
+from hf_spec.verify.cache import cache_kwargs, compact_cache, crop_cache
 from hf_spec.verify.windows import sequence_mask, target_cache
 
 
@@ -58,7 +58,7 @@ class DraftModelDrafter(Drafter, StepwiseDrafter):
             out = self.draft(
                 input_ids=ids,
                 position_ids=position_ids,
-                past_key_values=self.cache,
+                **cache_kwargs(self.draft, self.cache),
                 use_cache=True,
                 logits_to_keep=1,
             )
@@ -113,7 +113,7 @@ class DraftModelDrafter(Drafter, StepwiseDrafter):
                 input_ids=ids,
                 position_ids=position_ids,
                 attention_mask=sequence_mask(self.draft, mask, position_ids),
-                past_key_values=self.cache,
+                **cache_kwargs(self.draft, self.cache),
                 use_cache=True,
             )
         return out.logits[0].float()

@@ -18,7 +18,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from hf_spec.kernels.skinny_linear import fast_linears
 from hf_spec.tree.buffers import DraftTree, additive_mask, tree_attention_mask, tree_position_ids
-from hf_spec.verify.cache import cache_length, compact_cache
+from hf_spec.verify.cache import cache_kwargs, cache_length, compact_cache
 from hf_spec.verify.windows import sequence_mask, windowed_mask
 
 
@@ -43,7 +43,7 @@ def pre_verify(model, cache, root: int, tree: DraftTree, output_hidden_states: b
         input_ids=ids,
         position_ids=positions,
         attention_mask=sequence_mask(model, tree_attention_mask(tree, past, model.dtype, device), positions),
-        past_key_values=cache,
+        **cache_kwargs(model, cache),
         use_cache=True,
         output_hidden_states=output_hidden_states,
     )
@@ -95,7 +95,7 @@ def finish_verification(
                 input_ids=fused.tokens[torch.tensor(new)].view(1, -1).to(device),
                 position_ids=positions.to(device),
                 attention_mask=mask,
-                past_key_values=cache,
+                **cache_kwargs(model, cache),
                 use_cache=True,
                 output_hidden_states=output_hidden_states,
             )
