@@ -54,6 +54,7 @@ def test_the_cache_goes_by_the_name_the_installed_transformers_uses(tiny_llama):
 
     from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+    from hf_spec import SpeculativeDecoder
     from hf_spec.verify.cache import GENERATE_CACHE_KEY, OUTPUT_CACHE_FIELD, cache_kwargs, passed_cache
 
     cache = DynamicCache()
@@ -72,8 +73,6 @@ def test_the_cache_goes_by_the_name_the_installed_transformers_uses(tiny_llama):
         assert passed_cache(kwargs, pop=True) is cache and set(kwargs) == {"attention_mask"}
     assert passed_cache({}) is None
     ids = torch.tensor([[1, 5, 7, 3]])
-    from hf_spec import SpeculativeDecoder
-
     out = tiny_llama.generate(
         ids,
         max_new_tokens=6,
