@@ -10,6 +10,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config
 
+from hf_spec.verify.cache import GENERATE_CACHE_KEY, OUTPUT_CACHE_FIELD
+
+# the KV cache's keyword and output field in the installed transformers (`cache` from 5.24, `past_key_values` before)
+CACHE, OUTPUT_CACHE = GENERATE_CACHE_KEY, OUTPUT_CACHE_FIELD
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 

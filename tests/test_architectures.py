@@ -16,7 +16,7 @@ from hf_spec.methods.base import Drafter, SpecState
 from hf_spec.methods.hispec.config import HiSpecConfig
 from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
 from hf_spec.verify.windows import attention_windows, sequence_mask, target_cache, windowed_mask
-from tests.conftest import assert_equal_up_to_ties, prompt_ids, tiny_fields
+from tests.conftest import CACHE, assert_equal_up_to_ties, prompt_ids, tiny_fields
 
 V, WINDOW = 96, 8
 COMMON = tiny_fields(V, layers=4)
@@ -158,10 +158,8 @@ def test_windowed_tree_mask_gives_the_models_sliding_logits(name):
         outs = []
         for mask in (sequence_mask(model, plain, positions), plain):
             cache = target_cache(model)
-            model(input_ids=ids[:, :20], past_key_values=cache, use_cache=True)
-            out = model(
-                input_ids=ids[:, 20:], position_ids=positions, attention_mask=mask, past_key_values=cache
-            )
+            model(input_ids=ids[:, :20], **{CACHE: cache}, use_cache=True)
+            out = model(input_ids=ids[:, 20:], position_ids=positions, attention_mask=mask, **{CACHE: cache})
             outs.append(out.logits[0])
     windowed, unwindowed = outs
     torch.testing.assert_close(windowed, want, atol=1e-4, rtol=1e-4)
@@ -183,7 +181,7 @@ def test_the_cache_is_full_attention_for_sliding_models():
     assert type(target_cache(build("mistral-window"))) is DynamicCache
     model = build("mistral-window")
     cache = target_cache(model)
-    model(input_ids=long_prompt(), past_key_values=cache, use_cache=True)
+    model(input_ids=long_prompt(), **{CACHE: cache}, use_cache=True)
     assert cache.layers[0].keys.shape[-2] == long_prompt().shape[1]  # nothing dropped
 
 
@@ -223,11 +221,9 @@ def test_a_filled_sliding_cache_is_refused():
     model = build("mistral-window")
     ids = long_prompt()
     cache = DynamicCache(config=model.config)
-    model(input_ids=ids[:, :10], past_key_values=cache, use_cache=True)
+    model(input_ids=ids[:, :10], **{CACHE: cache}, use_cache=True)
     with pytest.raises(TypeError, match="DynamicSlidingWindowLayer"):
-        model.generate(
-            ids, past_key_values=cache, max_new_tokens=4, custom_generate=SpeculativeDecoder("pld")
-        )
+        model.generate(ids, **{CACHE: cache}, max_new_tokens=4, custom_generate=SpeculativeDecoder("pld"))
 
 
 def test_unsupported_layer_types_are_named():

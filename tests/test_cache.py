@@ -8,6 +8,7 @@ from transformers import DynamicCache
 
 from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
 from hf_spec.verify.cache import compact_cache, crop_cache
+from tests.conftest import CACHE
 
 
 @pytest.mark.parametrize("accepted", [[], [0], [0, 1], [3, 4], [0, 2]])
@@ -18,19 +19,19 @@ def test_compaction_equals_prefilling_the_accepted_path(tiny_model, accepted):
     past = prompt.shape[1] - 1
     cache = DynamicCache(config=tiny_model.config)
     with torch.no_grad():
-        tiny_model(input_ids=prompt[:, :-1], past_key_values=cache, use_cache=True)
+        tiny_model(input_ids=prompt[:, :-1], **{CACHE: cache}, use_cache=True)
         ids = torch.cat([prompt[:, -1:], tree.tokens[None]], dim=1)
         tiny_model(
             input_ids=ids,
             position_ids=tree_position_ids(tree, past),
             attention_mask=tree_attention_mask(tree, past),
-            past_key_values=cache,
+            **{CACHE: cache},
             use_cache=True,
         )
         compact_cache(cache, past, [0] + [i + 1 for i in accepted])
         ref = DynamicCache(config=tiny_model.config)
         tiny_model(
-            input_ids=torch.cat([prompt[0], tree.tokens[accepted]])[None], past_key_values=ref, use_cache=True
+            input_ids=torch.cat([prompt[0], tree.tokens[accepted]])[None], **{CACHE: ref}, use_cache=True
         )
     assert cache.get_seq_length() == ref.get_seq_length()
     for got, want in zip(cache.layers, ref.layers, strict=True):
@@ -41,7 +42,7 @@ def test_compaction_equals_prefilling_the_accepted_path(tiny_model, accepted):
 def test_crop_selected_layers_only(tiny_llama):
     cache = DynamicCache(config=tiny_llama.config)
     with torch.no_grad():
-        tiny_llama(input_ids=torch.randint(3, 96, (1, 10)), past_key_values=cache, use_cache=True)
+        tiny_llama(input_ids=torch.randint(3, 96, (1, 10)), **{CACHE: cache}, use_cache=True)
     crop_cache(cache, 6, range(2))
     assert [layer.keys.shape[-2] for layer in cache.layers] == [6, 6, 10, 10]
 

@@ -22,7 +22,7 @@ from hf_spec.methods.eagle.drafter import load_head
 from hf_spec.methods.postuse import PostUseConfig, PostUseDrafter
 from hf_spec.training.features import FeatureStore, capture_features
 from hf_spec.training.responses import Conversation
-from tests.conftest import make_tiny_model, prompt_ids, run_in_bfloat16
+from tests.conftest import CACHE, OUTPUT_CACHE, make_tiny_model, prompt_ids, run_in_bfloat16
 
 
 def random_head(model, vocab: int = 64) -> EagleHeadModel:
@@ -259,7 +259,7 @@ def _head_state(model, ids: torch.Tensor) -> SpecState:
     """The loop's state after the prefill of `ids[:, :-1]` (target cache + last-layer hidden states)."""
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        out = model(input_ids=ids[:, :-1], past_key_values=cache, use_cache=True, output_hidden_states=True)
+        out = model(input_ids=ids[:, :-1], **{CACHE: cache}, use_cache=True, output_hidden_states=True)
     return SpecState(model, cache, ids, GenerationConfig(), hidden_states=out.hidden_states[-1])
 
 
@@ -311,17 +311,21 @@ def test_head_drafts_after_a_cached_prefix_and_across_turns(trained):
     ref = model.generate(ids, max_new_tokens=40, do_sample=False)
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        model(ids[:, :8], past_key_values=cache)
+        model(ids[:, :8], **{CACHE: cache})
     dec = SpeculativeDecoder(EagleDrafter(EagleConfig(depth=4, topk=3, total_tokens=10), model, head=head))
     first = model.generate(
-        ids, past_key_values=cache, max_new_tokens=40, do_sample=False, custom_generate=dec,
+        ids, **{CACHE: cache}, max_new_tokens=40, do_sample=False, custom_generate=dec,
         return_dict_in_generate=True,
     )  # fmt: skip
     assert torch.equal(first.sequences, ref)
     assert dec.last_stats.accepted_tokens > 0
     turn2 = torch.cat([first.sequences, prompt_ids(6, seed=9)], dim=1)
     out = model.generate(
-        turn2, past_key_values=first.past_key_values, max_new_tokens=30, do_sample=False, custom_generate=dec
+        turn2,
+        **{CACHE: getattr(first, OUTPUT_CACHE)},
+        max_new_tokens=30,
+        do_sample=False,
+        custom_generate=dec,
     )
     assert torch.equal(out, model.generate(turn2, max_new_tokens=30, do_sample=False))
     assert dec.last_stats.accepted_tokens > 0

@@ -16,7 +16,7 @@ from hf_spec.methods.early_exit.config import EarlyExitConfig
 from hf_spec.methods.hispec.config import HiSpecConfig
 from hf_spec.methods.hispec.drafter import HiSpecDrafter
 from hf_spec.registry import parse_method
-from tests.conftest import make_tiny_model, prompt_ids
+from tests.conftest import OUTPUT_CACHE, make_tiny_model, prompt_ids
 from tests.stats import sampled_marginals_pvalues
 from tests.test_sampling import V
 
@@ -88,7 +88,7 @@ def test_greedy_with_logits_processors(model6):
 
 def _brute_force(model, seq: list[int]):
     out = model(input_ids=torch.tensor([seq]), use_cache=True, output_hidden_states=True)
-    return out.past_key_values, out.hidden_states
+    return getattr(out, OUTPUT_CACHE), out.hidden_states
 
 
 class CheckedHiSpec(HiSpecDrafter):

@@ -22,7 +22,7 @@ from hf_spec.methods.eagle import EagleConfig, EagleDrafter
 from hf_spec.methods.lyanna import LyannaConfig, LyannaDrafter
 from hf_spec.methods.pld.ngram_matcher import find_continuations
 from hf_spec.registry import get_method, parse_method
-from tests.conftest import make_tiny_model, prompt_ids
+from tests.conftest import CACHE, make_tiny_model, prompt_ids
 
 METHOD_SPECS = [
     "pld",
@@ -84,10 +84,10 @@ def test_passed_in_cache_of_a_prefix_or_the_whole_prompt(tiny_llama, spec):
     for cached in (6, 14):
         cache = DynamicCache(config=tiny_llama.config)
         with torch.no_grad():
-            tiny_llama(ids[:, :cached], past_key_values=cache)
+            tiny_llama(ids[:, :cached], **{CACHE: cache})
         dec = decoder_for(spec, tiny_llama)
         out = tiny_llama.generate(
-            ids, past_key_values=cache, max_new_tokens=30, do_sample=False, custom_generate=dec
+            ids, **{CACHE: cache}, max_new_tokens=30, do_sample=False, custom_generate=dec
         )
         assert torch.equal(out, ref), cached
         assert dec.last_stats.new_tokens == 30
@@ -97,10 +97,10 @@ def test_cache_longer_than_the_prompt_is_refused(tiny_llama):
     ids = prompt_ids(14, seed=1)
     cache = DynamicCache(config=tiny_llama.config)
     with torch.no_grad():
-        tiny_llama(ids, past_key_values=cache)
+        tiny_llama(ids, **{CACHE: cache})
     with pytest.raises(ValueError, match="the cache holds 14 tokens but the prompt only 10"):
         tiny_llama.generate(
-            ids[:, :10], past_key_values=cache, max_new_tokens=5, custom_generate=SpeculativeDecoder("pld")
+            ids[:, :10], **{CACHE: cache}, max_new_tokens=5, custom_generate=SpeculativeDecoder("pld")
         )
 
 

@@ -23,7 +23,7 @@ from hf_spec.methods.postuse.controller import CONTINUE, STOP
 from hf_spec.methods.stepwise import step_tree
 from hf_spec.registry import parse_method
 from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
-from tests.conftest import make_tiny_model, prompt_ids
+from tests.conftest import CACHE, make_tiny_model, prompt_ids
 from tests.stats import sampled_marginals_pvalues
 from tests.test_sampling import V
 
@@ -165,13 +165,13 @@ def test_target_side_tree_logits_equal_per_path_forwards(tiny_model):
     cache = DynamicCache(config=tiny_model.config)
     past = ids.shape[1] - 1
     with torch.no_grad():
-        tiny_model(input_ids=ids[:, :-1], past_key_values=cache, use_cache=True)
+        tiny_model(input_ids=ids[:, :-1], **{CACHE: cache}, use_cache=True)
         verify = torch.cat([ids[:, -1:], tree.tokens.view(1, -1)], dim=1)
         logits = tiny_model(
             input_ids=verify,
             position_ids=tree_position_ids(tree, past),
             attention_mask=tree_attention_mask(tree, past),
-            past_key_values=cache,
+            **{CACHE: cache},
             use_cache=True,
         ).logits[0]
         for node in range(len(tree)):
@@ -208,7 +208,7 @@ def test_draft_step_branches_equal_separate_forwards(tiny_model, kind):
     ids = prompt_ids(12, seed=6)
     cache = DynamicCache(config=tiny_model.config)
     with torch.no_grad():
-        tiny_model(input_ids=ids[:, :-1], past_key_values=cache, use_cache=True)
+        tiny_model(input_ids=ids[:, :-1], **{CACHE: cache}, use_cache=True)
     state = SpecState(tiny_model, cache, ids, GenerationConfig())
     drafter.begin(state)
     root = int(ids[0, -1])

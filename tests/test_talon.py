@@ -20,7 +20,7 @@ from hf_spec.methods.talon.overlap import THREAD_PREFIX
 from hf_spec.methods.talon.preverify import finish_verification, pre_verify
 from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
 from hf_spec.tree.fusion import fuse_trees
-from tests.conftest import make_tiny_model, prompt_ids
+from tests.conftest import CACHE, make_tiny_model, prompt_ids
 from tests.stats import sampled_marginals_pvalues
 from tests.test_sampling import SampledTreeDrafter, V
 
@@ -202,7 +202,7 @@ def test_finish_verification_equals_the_stock_forward(tiny_model, seed):
     def prefilled():
         cache = DynamicCache(config=tiny_model.config)
         with torch.no_grad():
-            tiny_model(input_ids=ids[:, :-1], past_key_values=cache, use_cache=True)
+            tiny_model(input_ids=ids[:, :-1], **{CACHE: cache}, use_cache=True)
         return cache
 
     ref_cache, cache = prefilled(), prefilled()
@@ -211,7 +211,7 @@ def test_finish_verification_equals_the_stock_forward(tiny_model, seed):
             input_ids=torch.cat([ids[0, -1:], fused.tokens])[None],
             position_ids=tree_position_ids(fused, past),
             attention_mask=tree_attention_mask(fused, past),
-            past_key_values=ref_cache,
+            **{CACHE: ref_cache},
             use_cache=True,
             output_hidden_states=True,
         )

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from transformers import DynamicCache
 
 from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
+from tests.conftest import CACHE
 
 
 @st.composite
@@ -86,14 +87,14 @@ def test_tree_forward_equals_feeding_each_branch(tiny_model):
     tree = DraftTree(torch.tensor([10, 11, 12, 13, 14, 15]), torch.tensor([-1, 0, 0, -1, 3, 1]))
     cache = DynamicCache(config=tiny_model.config)
     with torch.no_grad():
-        tiny_model(input_ids=prompt[:, :-1], past_key_values=cache, use_cache=True)
+        tiny_model(input_ids=prompt[:, :-1], **{CACHE: cache}, use_cache=True)
         past = prompt.shape[1] - 1
         ids = torch.cat([prompt[:, -1:], tree.tokens[None]], dim=1)
         out = tiny_model(
             input_ids=ids,
             position_ids=tree_position_ids(tree, past),
             attention_mask=tree_attention_mask(tree, past),
-            past_key_values=cache,
+            **{CACHE: cache},
             use_cache=True,
         )
         for i in range(-1, len(tree)):
