@@ -169,7 +169,15 @@ def speculative_generate(
     """
     cache = passed_cache(model_kwargs)
     if cache is None:
-        raise ValueError("hf-spec needs a KV cache from `generate` (use_cache=True)")
+        if not model_kwargs.get("use_cache", True):
+            raise ValueError("hf-spec needs the KV cache (use_cache=True)")
+        import transformers
+
+        raise ValueError(
+            f"hf-spec found no KV cache among the model_kwargs `generate` passed ({sorted(model_kwargs)}); "
+            f"transformers {transformers.__version__} may hand it over under a new name that this hf-spec "
+            "does not know"
+        )
     cache = rewindable_cache(model, cache)
     check_rewindable(cache)  # before any forward, not at the first round's rewind
     check_supported(model, input_ids, generation_config, model_kwargs)

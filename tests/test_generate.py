@@ -299,3 +299,18 @@ def test_registry_and_config_errors(tmp_path):
     (tmp_path / "other.json").write_text('{"method": "oracle"}')
     with pytest.raises(ValueError, match="is for method 'oracle', not 'pld'"):
         PLDConfig.from_pretrained(tmp_path / "other.json")
+
+
+def test_a_cache_under_an_unknown_name_is_named_in_the_error(tiny_llama):
+    """Should a transformers release rename the cache again (5.24 renamed `past_key_values` to `cache`), the loop
+    says what it was given instead of asking for `use_cache=True`."""
+    from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+
+    from hf_spec.generate import speculative_generate
+
+    drafter = SpeculativeDecoder("pld").drafter_for(tiny_llama)
+    with pytest.raises(ValueError, match=r"no KV cache among the model_kwargs .*\['kv_state', 'use_cache'\]"):
+        speculative_generate(
+            tiny_llama, prompt_ids(8), LogitsProcessorList(), StoppingCriteriaList(), GenerationConfig(),
+            drafter, use_cache=True, kv_state=object(),
+        )  # fmt: skip
