@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
+from transformers import __version__ as transformers_version
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from hf_spec.kernels.grouped_attention import grouped_attention
@@ -171,11 +172,9 @@ def speculative_generate(
     if cache is None:
         if not model_kwargs.get("use_cache", True):
             raise ValueError("hf-spec needs the KV cache (use_cache=True)")
-        import transformers
-
         raise ValueError(
             f"hf-spec found no KV cache among the model_kwargs `generate` passed ({sorted(model_kwargs)}); "
-            f"transformers {transformers.__version__} may hand it over under a new name that this hf-spec "
+            f"transformers {transformers_version} may hand it over under a new name that this hf-spec "
             "does not know"
         )
     cache = rewindable_cache(model, cache)

@@ -69,6 +69,21 @@ def tiny_llama():
 
 
 @pytest.fixture
+def attention_calls(monkeypatch) -> list[tuple[torch.nn.Module, int]]:
+    """`(attention module, query rows)` of every call to hf-spec's attention function during the test."""
+    from hf_spec.kernels import grouped_attention as ga
+
+    calls, real = [], ga.grouped_attention_forward
+
+    def spy(module, query, *args, **kwargs):
+        calls.append((module, query.shape[2]))
+        return real(module, query, *args, **kwargs)
+
+    monkeypatch.setitem(ga.AttentionInterface._global_mapping, ga.NAME, spy)
+    return calls
+
+
+@pytest.fixture
 def keep_threads():
     """Restore torch's thread count after a test that sets it (the CLIs' `--threads`)."""
     n = torch.get_num_threads()

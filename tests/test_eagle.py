@@ -196,24 +196,15 @@ def test_greedy_equals_generate_and_accepts(trained, seed, quantize):
     assert all("forward" not in m.__dict__ for m in head.modules())  # the shared head is left as it was
 
 
-def test_head_layer_runs_hf_specs_attention(trained, monkeypatch):
+def test_head_layer_runs_hf_specs_attention(trained, attention_calls):
     """The head's decoder layer attends through hf-spec's attention while drafting (its tree levels are few rows
     against every cached position), its config reads `sdpa` again afterwards, and the output is `generate`'s."""
-    from hf_spec.kernels import grouped_attention as ga
-
     model, head, _, _ = trained
-    seen, real = [], ga.grouped_attention_forward
-
-    def spy(module, query, *args, **kwargs):
-        seen.append((module is head.layer.self_attn, query.shape[2]))
-        return real(module, query, *args, **kwargs)
-
-    monkeypatch.setitem(ga.AttentionInterface._global_mapping, ga.NAME, spy)
     dec = SpeculativeDecoder(EagleDrafter(EagleConfig(depth=4, topk=3, total_tokens=10), model, head=head))
     ids = prompt_ids(12, seed=3)
     ref = model.generate(ids, max_new_tokens=32, do_sample=False)
     assert torch.equal(model.generate(ids, max_new_tokens=32, do_sample=False, custom_generate=dec), ref)
-    head_rows = [rows for is_head, rows in seen if is_head]
+    head_rows = [rows for module, rows in attention_calls if module is head.layer.self_attn]
     assert head_rows and max(head_rows) >= 2 and head.layer.self_attn.config._attn_implementation == "sdpa"
 
 

@@ -193,7 +193,7 @@ def test_bfloat16_decoding_runs_one_row_steps_here(monkeypatch):
     assert 1 in rows and max(rows) >= 2
 
 
-def test_a_separate_draft_model_drafts_through_it(tiny_model, monkeypatch):
+def test_a_separate_draft_model_drafts_through_it(tiny_model, attention_calls):
     """A separate draft model's steps (one row each, and its prompt) go through hf-spec's attention too; the output
     is still `generate`'s."""
     from hf_spec.methods.draft_model.config import DraftModelConfig
@@ -201,18 +201,11 @@ def test_a_separate_draft_model_drafts_through_it(tiny_model, monkeypatch):
     from tests.conftest import make_tiny_model
 
     draft = make_tiny_model("llama", seed=5, layers=2)
-    drafted, real = [], ga.grouped_attention_forward
-
-    def spy(module, query, *args, **kwargs):
-        if any(module is m for m in draft.modules()):
-            drafted.append(query.shape[2])
-        return real(module, query, *args, **kwargs)
-
-    monkeypatch.setitem(ga.AttentionInterface._global_mapping, ga.NAME, spy)
     dec = SpeculativeDecoder(
         DraftModelDrafter(DraftModelConfig(num_draft_tokens=4), tiny_model, draft_model=draft)
     )
     ids = prompt_ids(12, seed=4)
     ref = tiny_model.generate(ids, max_new_tokens=20, do_sample=False)
     assert torch.equal(tiny_model.generate(ids, max_new_tokens=20, do_sample=False, custom_generate=dec), ref)
+    drafted = [rows for module, rows in attention_calls if any(module is m for m in draft.modules())]
     assert 1 in drafted and draft.config._attn_implementation == "sdpa"

@@ -216,25 +216,17 @@ def test_plain_batches_hand_the_batch_to_transformers(tiny_llama):
         SpeculativeDecoder("pld", batches="loop")
 
 
-def test_plain_bfloat16_batches_run_hf_specs_attention_and_match_generate(tiny_llama, monkeypatch):
+def test_plain_bfloat16_batches_run_hf_specs_attention_and_match_generate(tiny_llama, attention_calls):
     """In bfloat16 plain batches go through hf-spec's attention: the short padded prefill takes the grouped product,
     whose padding queries see no key and must not turn NaN (as they did with -inf masks) and spread to the rows."""
     import copy
 
-    from hf_spec.kernels import grouped_attention as ga
-
     target = copy.deepcopy(tiny_llama).to(torch.bfloat16)
-    rows, real = [], ga.grouped_attention_forward
-
-    def spy(module, query, *args, **kwargs):
-        rows.append(query.shape[2])
-        return real(module, query, *args, **kwargs)
-
-    monkeypatch.setitem(ga.AttentionInterface._global_mapping, ga.NAME, spy)
     ids, mask = batch_of_three()
     kwargs = dict(attention_mask=mask, max_new_tokens=16, do_sample=False, pad_token_id=PAD)
     ref = target.generate(ids, **kwargs)
     out = target.generate(ids, **kwargs, custom_generate=SpeculativeDecoder("pld", batches="plain"))
+    rows = [n for _, n in attention_calls]
     assert 1 in rows and ids.shape[1] in rows  # the steps and the padded prefill came here
     for r in range(ids.shape[0]):
         prompt = ids[r : r + 1, int((mask[r] == 0).sum()) :]

@@ -133,15 +133,20 @@ def grouped_attention(model: nn.Module, enabled: bool = True) -> Iterator[None]:
     others (Falcon, ...) test `_attn_implementation == "sdpa"` themselves and would take their eager branch, with
     the registered mask function's boolean mask added to the scores as if it were additive."""
     config = getattr(model, "config", None)
-    usable = (
-        enabled
-        and config is not None
+    with attention_of(config if enabled and dispatches_attention(model) else None):
+        yield
+
+
+def dispatches_attention(model: nn.Module) -> bool:
+    """Whether `model` is a CPU model whose layers take their attention function from `AttentionInterface` by
+    config name (a draft head built from its family's layer class dispatches the same way)."""
+    config = getattr(model, "config", None)
+    return (
+        config is not None
         and getattr(type(model), "_supports_attention_backend", False)
         and not getattr(config, "sub_configs", None)  # a composite model: its parts keep their own settings
         and next(model.parameters()).device.type == "cpu"
     )
-    with attention_of(config if usable else None):
-        yield
 
 
 @contextlib.contextmanager

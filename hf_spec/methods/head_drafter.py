@@ -15,7 +15,7 @@ from transformers import DynamicCache
 from hf_spec.config import MethodConfig, read_config
 from hf_spec.heads.base import DraftHeadModel
 from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER
-from hf_spec.kernels.grouped_attention import attention_of
+from hf_spec.kernels.grouped_attention import attention_of, dispatches_attention
 from hf_spec.kernels.skinny_linear import skinny_linear
 from hf_spec.kernels.weight_only import QuantizedWeight, draft_linears, quantize_linears
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
@@ -107,8 +107,8 @@ class HeadDrafter(Drafter):
         self.dtype = next(self.head.parameters()).dtype  # the target's: the head runs in its precision
         # the head's layer is the target family's: hf-spec's CPU attention where the family dispatches through
         # transformers' attention interface (draft levels of a tree after hundreds of cached tokens)
-        family_ok = getattr(type(model), "_supports_attention_backend", False) and self.device.type == "cpu"
         attention = getattr(self.head.layer, "self_attn", None)
+        family_ok = dispatches_attention(model) and self.device.type == "cpu"
         self.layer_config = getattr(attention, "config", None) if family_ok else None
         self.cache = DynamicCache()
         self.pending_features: list[torch.Tensor] = []  # [n, H] chunks

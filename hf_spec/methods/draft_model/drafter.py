@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
@@ -54,15 +57,20 @@ class DraftModelDrafter(Drafter, StepwiseDrafter):
 
     def _next_logits(self, ids: torch.Tensor, start: int) -> torch.Tensor:
         position_ids = torch.arange(start, start + ids.shape[1], device=ids.device).unsqueeze(0)
-        with fast_linears(self.draft), grouped_attention(self.draft):
-            out = self.draft(
-                input_ids=ids,
-                position_ids=position_ids,
-                **cache_kwargs(self.draft, self.cache),
-                use_cache=True,
-                logits_to_keep=1,
-            )
+        out = self.draft(
+            input_ids=ids,
+            position_ids=position_ids,
+            **cache_kwargs(self.draft, self.cache),
+            use_cache=True,
+            logits_to_keep=1,
+        )
         return out.logits[0, -1].float()
+
+    @contextlib.contextmanager
+    def _fast(self) -> Iterator[None]:
+        """The draft model's linears and attention on hf-spec's CPU kernels, as the target's in the loop."""
+        with fast_linears(self.draft), grouped_attention(self.draft):
+            yield
 
     @torch.no_grad()
     def propose(self, state: SpecState, max_depth: int) -> DraftTree:
@@ -70,18 +78,19 @@ class DraftModelDrafter(Drafter, StepwiseDrafter):
         depth = min(cfg.num_draft_tokens, max_depth)
         if depth <= 0:
             return DraftTree.empty()
-        logits = self._next_logits(state.input_ids[:, self.cached :], self.cached)
-        self.cached = state.seq_len
         chain: list[int] = []
         siblings: list[list[int]] = []
         self.pending = []
-        for step in range(depth):
-            top = torch.topk(logits, cfg.siblings + 1)
-            chain.append(int(top.indices[0]))
-            siblings.append(top.indices[1:].tolist())
-            if step + 1 < depth:
-                logits = self._next_logits(top.indices[:1].view(1, 1), self.cached + len(self.pending))
-                self.pending.append(chain[-1])
+        with self._fast():
+            logits = self._next_logits(state.input_ids[:, self.cached :], self.cached)
+            self.cached = state.seq_len
+            for step in range(depth):
+                top = torch.topk(logits, cfg.siblings + 1)
+                chain.append(int(top.indices[0]))
+                siblings.append(top.indices[1:].tolist())
+                if step + 1 < depth:
+                    logits = self._next_logits(top.indices[:1].view(1, 1), self.cached + len(self.pending))
+                    self.pending.append(chain[-1])
         return chain_with_siblings(chain, siblings if cfg.siblings else None)
 
     def observe(self, state: SpecState, result: RoundResult) -> None:
@@ -108,7 +117,7 @@ class DraftModelDrafter(Drafter, StepwiseDrafter):
         return self.cached, state.input_ids[0, self.cached : -1].tolist()
 
     def _step_forward(self, ids, position_ids, mask) -> torch.Tensor:
-        with fast_linears(self.draft), grouped_attention(self.draft):
+        with self._fast():
             out = self.draft(
                 input_ids=ids,
                 position_ids=position_ids,
