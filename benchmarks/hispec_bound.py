@@ -91,19 +91,16 @@ def stage_costs(model, exits, packed_exits, layers, context_ids, n_rows, reps, q
 
         return run
 
+    def block(start, end, n):
+        """Layers [start, end) on `n` rows after the context: `(1, n, hidden_size)`."""
+        mask = causal_block_mask(past, n, model.dtype, "cpu")
+        positions = torch.arange(past, past + n).unsqueeze(0)
+        return run_layers(parts, rows(n, start), positions, cache, start, end, mask)
+
     def check(ld, li, n):
         def run():
             with fast_linears(model):
-                h = run_layers(
-                    parts,
-                    rows(n, ld),
-                    torch.arange(past, past + n).unsqueeze(0),
-                    cache,
-                    ld,
-                    li,
-                    causal_block_mask(past, n, model.dtype, "cpu"),
-                )
-                exits.logits(li, h)[0].argmax(-1)
+                exits.logits(li, block(ld, li, n))[0].argmax(-1)
             crop_cache(cache, past)
 
         return run
@@ -111,16 +108,7 @@ def stage_costs(model, exits, packed_exits, layers, context_ids, n_rows, reps, q
     def final(li, n):
         def run():
             with screened_lm_head(model), fast_linears(model):
-                h = run_layers(
-                    parts,
-                    rows(n, li),
-                    torch.arange(past, past + n).unsqueeze(0),
-                    cache,
-                    li,
-                    depth,
-                    causal_block_mask(past, n, model.dtype, "cpu"),
-                )
-                parts.lm_head(parts.norm(h))[0].float().argmax(-1)
+                parts.lm_head(parts.norm(block(li, depth, n)))[0].float().argmax(-1)
             crop_cache(cache, past)
 
         return run
@@ -323,7 +311,7 @@ def analyse(preds, costs, layers, max_nd: int, topk: int) -> dict:
         if ld not in layers or li not in layers:
             continue
         checks = check_hits(preds, li)
-        for rate in (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9):
+        for rate in (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0):
             hits = draft_hits(preds, ld, li, rate=rate)
             runs = [(replay_hispec(hits, checks, ld, li, nd, ni, costs), nd, ni) for nd, ni in grid]
             (tokens, ms, _), nd, ni = min(runs, key=lambda x: x[0][1] / x[0][0])
