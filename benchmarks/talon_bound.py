@@ -1,0 +1,262 @@
+"""The ceiling of any Talon switch on this machine: an oracle that knows every round's outcome in advance, against
+the better of retrieval-only and model-only drafting, from measured acceptance and measured costs.
+
+1. Greedy continuations of Spec-Bench prompts (`--per-category` of each category).
+2. At every position: what the retrieval tree (the Talon config's retriever on the true context) gets accepted
+   (R), what the model drafter's chain gets accepted (M: the int8 layer-22 exit chain of `--model-drafts` tokens,
+   from one teacher-forced forward), and what a fused tree gets accepted: max(R, M), or with Talon's extension
+   (retrieval continuing a fully accepted model chain) 2 + what retrieval gets accepted after it, capped at
+   `extend_tokens`. A fused tree pays its retrieval nodes capped at `both_nodes` but is credited the uncapped
+   tree's acceptance (in the hybrid's favour).
+3. Costs timed in hf-spec's loop settings: a retrieval lookup (mean of the real calls), a model draft step (int8
+   copies of layers [0, 22) + the exit head), a verification of n nodes (chain, screened LM head), n = 1..40.
+4. Retrieval-only, model-only and always-both replayed round by round; the oracle switch by dynamic programming
+   (least total time over the three choices at every round). Ratios per Spec-Bench group and overall.
+
+Usage: python benchmarks/talon_bound.py [--dtype bfloat16] [--per-category 1] [--max-new-tokens 96]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections import defaultdict
+
+import numpy as np
+import torch
+from hispec_bound import timed
+
+from hf_spec.bench.runner import encode_chat, load_prompts, spec_bench_group
+from hf_spec.config import read_config
+from hf_spec.heads.exits.model import load_exit_lm
+from hf_spec.kernels.grouped_attention import grouped_attention
+from hf_spec.kernels.screened_head import screened_lm_head
+from hf_spec.kernels.skinny_linear import fast_linears
+from hf_spec.kernels.weight_only import draft_linears
+from hf_spec.methods.early_exit.drafter import quantize_draft_layers
+from hf_spec.methods.retrieval.config import RetrievalConfig
+from hf_spec.methods.retrieval.retriever import Retriever
+from hf_spec.models import load_model
+from hf_spec.models.layers import decoder_parts, run_layers
+from hf_spec.verify.cache import cache_kwargs, crop_cache
+
+
+def accepted_in_tree(tree, truth: list[int]) -> int:
+    """Longest root path of `tree` whose tokens are a prefix of `truth`."""
+    best, depth_of = 0, {-1: 0}
+    for i, (tok, parent) in enumerate(zip(tree.tokens.tolist(), tree.parents.tolist(), strict=True)):
+        d = depth_of.get(parent)
+        if d is not None and d < len(truth) and truth[d] == tok:
+            depth_of[i] = d + 1
+            best = max(best, d + 1)
+    return best
+
+
+def costs_of(model, exits, quantized, context_ids, layer: int, max_nodes: int, reps: int) -> dict:
+    parts = decoder_parts(model)
+    with torch.no_grad():
+        res = model(context_ids, use_cache=True)
+    cache = res.past_key_values if getattr(res, "past_key_values", None) is not None else res.cache
+    past = context_ids.shape[1]
+    tok = context_ids[:, -1:]
+
+    def step():
+        with draft_linears(model, quantized):
+            h = run_layers(parts, parts.embed_tokens(tok), torch.tensor([[past]]), cache, 0, layer)
+            exits.logits(layer, h)[0, -1].float().argmax()
+        crop_cache(cache, past)
+
+    def verify(n):
+        ids = context_ids[:, -n:]
+
+        def run():
+            with screened_lm_head(model), fast_linears(model):
+                out = model(
+                    input_ids=ids,
+                    position_ids=torch.arange(past, past + n).unsqueeze(0),
+                    use_cache=True,
+                    **cache_kwargs(model, cache),
+                )
+                out.logits[0].float().argmax(-1)
+            crop_cache(cache, past)
+
+        return run
+
+    with torch.no_grad(), grouped_attention(model):
+        costs = {"step": timed(step, reps)}
+        costs["verify"] = [0.0] + [timed(verify(n), reps) for n in range(1, max_nodes + 1)]
+    return costs
+
+
+def replay(options_at, n_pos: int, choose) -> tuple[float, int]:
+    """(ms, rounds) of committing positions 0..n_pos-1 choosing at each round with `choose(options) -> option`;
+    an option is (accepted, ms)."""
+    t = ms = rounds = 0
+    while t < n_pos - 1:
+        acc, cost = choose(options_at(t))
+        ms, rounds, t = ms + cost, rounds + 1, t + acc + 1
+    return ms, rounds
+
+
+def oracle(options_at, n_pos: int) -> float:
+    """Least total ms over every sequence of choices (dynamic programming from the end)."""
+    best = [0.0] * (n_pos + 64)
+    for t in range(n_pos - 2, -1, -1):
+        best[t] = min(cost + best[min(t + acc + 1, n_pos - 1)] for acc, cost in options_at(t))
+    return best[0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--target", default="qwen2.5-coder-0.5b-instruct")
+    ap.add_argument(
+        "--config", default="benchmarks/configs/talon-qwen2.5-coder-0.5b-instruct-best-ee-int8-n2.json"
+    )
+    ap.add_argument("--exit-heads", default="model_cards/exits-qwen2.5-coder-0.5b-instruct")
+    ap.add_argument("--exit-layer", type=int, default=22)
+    ap.add_argument("--model-drafts", type=int, default=2)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--prompts", default="../shared/data/eval/spec_bench_dev.jsonl")
+    ap.add_argument("--per-category", type=int, default=1)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--context", type=int, default=400)
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    model, tok = load_model(args.target, dtype=getattr(torch, args.dtype))
+    talon = read_config(args.config)
+    retriever = Retriever(RetrievalConfig.from_dict(talon["retrieval"]), model, tok)
+    extend, both_nodes = int(talon.get("extend_tokens", 0)), int(talon.get("both_nodes", 0) or 10**6)
+    exits = load_exit_lm(model, args.exit_heads, draft_vocab=True)
+    layer, n_model = args.exit_layer, args.model_drafts
+
+    texts = []
+    for p in load_prompts(args.prompts, per_category=args.per_category):
+        ids = encode_chat(tok, [{"role": "user", "content": p.turns[0]}])
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens, do_sample=False
+        )
+        with torch.no_grad():
+            hidden = model(out, output_hidden_states=True).hidden_states[layer]
+            probs = exits.logits(layer, hidden[:, ids.shape[1] - 1 :])[0].float().softmax(-1).max(-1)
+        drafts, confidence = probs.indices.tolist(), probs.values.tolist()
+        texts.append((spec_bench_group(p.category), out[0].tolist(), ids.shape[1] - 1, drafts, confidence))
+    print(f"{len(texts)} continuations", flush=True)
+
+    # what each drafter gets accepted at every root position (position start + t)
+    lookup_ms, rows = [], []
+    for group, seq, start, drafts, confidence in texts:
+        n_pos = len(seq) - start
+        truth = [seq[start + t + 1 :] for t in range(n_pos)]
+        ret = []
+        for t in range(n_pos):
+            c = time.perf_counter()
+            tree, match = retriever.propose(np.asarray(seq[: start + t + 1]), max_depth=64)
+            lookup_ms.append(1000 * (time.perf_counter() - c))
+            ret.append((accepted_in_tree(tree, truth[t]), len(tree), match))
+        model_acc = []
+        for t in range(n_pos):
+            m = 0
+            while m < n_model and t + m < n_pos - 1 and drafts[t + m] == truth[t + m][0]:
+                m += 1
+            model_acc.append(m)
+        rows.append((group, n_pos, ret, model_acc, drafts, confidence, truth))
+    costs_ctx = torch.tensor([texts[0][1] * (1 + args.context // len(texts[0][1]))])[:, : args.context]
+    packed_exits = load_exit_lm(model, args.exit_heads, draft_vocab=True)
+    quantized = quantize_draft_layers(decoder_parts(model), layer, "int8", packed_exits)
+    costs = costs_of(model, packed_exits, quantized, costs_ctx, layer, 40, args.reps)
+    costs["lookup"] = statistics.mean(lookup_ms)
+    verify, lookup, draft = costs["verify"], costs["lookup"], n_model * costs["step"]
+    print(f"ms: lookup {lookup:.2f}, model draft {draft:.1f}, verify 1/3/9/17/25 nodes "
+          f"{verify[1]:.1f}/{verify[3]:.1f}/{verify[9]:.1f}/{verify[17]:.1f}/{verify[25]:.1f}")  # fmt: skip
+
+    totals = defaultdict(lambda: defaultdict(float))
+    for group, n_pos, ret, model_acc, drafts, confidence, truth in rows:
+
+        def options(t, ret=ret, model_acc=model_acc, n_pos=n_pos):
+            r, nodes, _ = ret[t]
+            m = model_acc[t]
+            retrieval = (r, lookup + verify[min(nodes + 1, 40)])
+            model_only = (m, draft + verify[n_model + 1])
+            fused = max(r, m)
+            if extend and m == n_model and t + m < n_pos - 1:
+                fused = max(fused, m + min(ret[t + m][0], extend))
+            both = (fused, lookup + draft + verify[min(min(nodes, both_nodes) + n_model + extend + 1, 40)])
+            return {"retrieval": retrieval, "model": model_only, "both": both}
+
+        for name in ("retrieval", "model", "both"):
+            ms, _ = replay(lambda t, name=name: [options(t)[name]], n_pos, lambda o: o[0])
+            for key in (group, "all"):
+                totals[key][name] += ms
+        ms = oracle(lambda t: list(options(t).values()), n_pos)
+        for key in (group, "all"):
+            totals[key]["oracle"] += ms
+            totals[key]["tokens"] += n_pos - 1
+        for pair in (("retrieval", "model"), ("retrieval", "both")):
+            ms = oracle(lambda t, pair=pair: [options(t)[name] for name in pair], n_pos)
+            for key in (group, "all"):
+                totals[key]["oracle " + "|".join(pair)] += ms
+        # causal rules: retrieval alone from a match of `k` tokens on, else both (or the model alone)
+        for k in range(0, 13):
+            for other in ("both", "model"):
+
+                def rule(t, k=k, other=other, ret=ret):
+                    return [options(t)["retrieval" if ret[t][2] >= k else other]]
+
+                ms, _ = replay(rule, n_pos, lambda o: o[0])
+                for key in (group, "all"):
+                    totals[key][f"match>={k}?retrieval:{other}"] += ms
+        # causal rules with the model's confidence: retrieval alone from a match of `k` on; else the model drafts
+        # until a draft's probability is below `theta` (that draft kept: `min_confidence`), fused with retrieval
+        for k in (3, 5, 8, 100):
+            for theta in (0.0, 0.3, 0.5, 0.7, 0.9):
+
+                def confident(t, k=k, theta=theta, ret=ret, drafts=drafts, confidence=confidence, truth=truth,
+                              n_pos=n_pos):  # fmt: skip
+                    r, nodes, match = ret[t]
+                    if match >= k:
+                        return [(r, lookup + verify[min(nodes + 1, 40)])]
+                    steps = 1
+                    while steps < n_model and t + steps < n_pos - 1 and confidence[t + steps - 1] >= theta:
+                        steps += 1
+                    m = 0
+                    while m < steps and t + m < n_pos - 1 and drafts[t + m] == truth[t + m][0]:
+                        m += 1
+                    nodes_both = min(min(nodes, both_nodes) + steps + 1, 40)
+                    return [(max(r, m), lookup + steps * costs["step"] + verify[nodes_both])]
+
+                ms, _ = replay(confident, n_pos, lambda o: o[0])
+                for key in (group, "all"):
+                    totals[key][f"match>={k}?retrieval:model(conf>={theta})+retrieval"] += ms
+    rules = sorted((k for k in totals["all"] if k.startswith("match")), key=lambda k: totals["all"][k])
+    for r in [*rules, "oracle retrieval|model", "oracle retrieval|both"]:
+        print(r, round(totals["all"]["tokens"] / totals["all"][r] * 1000, 1))
+    print(
+        "best causal rules overall:",
+        [(r, round(totals["all"]["tokens"] / totals["all"][r] * 1000, 1)) for r in rules[:4]],
+    )
+    best_rule = rules[0]
+    report = {}
+    print(
+        f"| group | retrieval | model | always both | oracle switch | oracle / better half | {best_rule} / better half |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for key, tot in sorted(totals.items(), key=lambda kv: kv[0] == "all"):
+        rate = {k: tot["tokens"] / v * 1000 for k, v in tot.items() if k != "tokens"}  # tokens/s
+        ratio = rate["oracle"] / max(rate["retrieval"], rate["model"])
+        rule_ratio = rate[best_rule] / max(rate["retrieval"], rate["model"])
+        report[key] = {**{k: round(v, 2) for k, v in rate.items()}, "oracle_vs_better_half": round(ratio, 3),
+                       "best_rule_vs_better_half": round(rule_ratio, 3)}  # fmt: skip
+        print(f"| {key} | {rate['retrieval']:.1f} | {rate['model']:.1f} | {rate['both']:.1f} | {rate['oracle']:.1f} | "
+              f"{ratio:.3f} | {rule_ratio:.3f} |")  # fmt: skip
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"args": vars(args), "costs": costs, "tokens_per_s": report}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
