@@ -66,30 +66,59 @@ def timed(fn, reps: int) -> float:
     return 1000 * statistics.median(times)
 
 
+def context_cache(model, context_ids: torch.Tensor):
+    """The model's KV cache of `context_ids` `(1, past)` and its hidden states (one tensor per layer)."""
+    with torch.no_grad():
+        res = model(context_ids, use_cache=True, output_hidden_states=True)
+    cache = res.past_key_values if getattr(res, "past_key_values", None) is not None else res.cache
+    return cache, res.hidden_states
+
+
+def draft_step(model, cache, context_ids: torch.Tensor, layer: int, weights, exits):
+    """A callable: one draft step after the cached context, layers [0, `layer`) with `weights` (packed copies or
+    `{}`) + the exit at `layer`; the cache is cropped back."""
+    parts, past = decoder_parts(model), context_ids.shape[1]
+    tok = context_ids[:, -1:]
+
+    def run():
+        with draft_linears(model, weights):
+            h = run_layers(parts, parts.embed_tokens(tok), torch.tensor([[past]]), cache, 0, layer)
+            exits.logits(layer, h)[0, -1].float().argmax()
+        crop_cache(cache, past)
+
+    return run
+
+
+def verification(model, cache, context_ids: torch.Tensor, n: int):
+    """A callable: the full forward of `n` chain rows after the cached context, on hf-spec's kernels with the
+    screened LM head (the loop's greedy verification); the cache is cropped back."""
+    past, ids = context_ids.shape[1], context_ids[:, -n:]
+
+    def run():
+        with screened_lm_head(model), fast_linears(model):
+            out = model(
+                input_ids=ids,
+                position_ids=torch.arange(past, past + n).unsqueeze(0),
+                use_cache=True,
+                **cache_kwargs(model, cache),
+            )
+            out.logits[0].float().argmax(-1)
+        crop_cache(cache, past)
+
+    return run
+
+
 def stage_costs(model, exits, packed_exits, layers, context_ids, n_rows, reps, quantized):
     """ms of each stage with `context_ids` cached (hf-spec's loop contexts); the rows fed to a stage are the
     context's own hidden states at its first layer."""
     parts = decoder_parts(model)
     depth = parts.num_layers
-    with torch.no_grad():
-        res = model(context_ids, use_cache=True, output_hidden_states=True)
-    cache = res.past_key_values if getattr(res, "past_key_values", None) is not None else res.cache
-    hidden = res.hidden_states
+    cache, hidden = context_cache(model, context_ids)
     past = context_ids.shape[1]
-    tok = context_ids[:, -1:]
     costs: dict = {}
 
     def rows(n, layer):
         return hidden[layer][:, -n:].contiguous()
-
-    def step(layer, weights, lm):
-        def run():
-            with draft_linears(model, weights):
-                h = run_layers(parts, parts.embed_tokens(tok), torch.tensor([[past]]), cache, 0, layer)
-                lm.logits(layer, h)[0, -1].float().argmax()
-            crop_cache(cache, past)
-
-        return run
 
     def block(start, end, n):
         """Layers [start, end) on `n` rows after the context: `(1, n, hidden_size)`."""
@@ -113,26 +142,12 @@ def stage_costs(model, exits, packed_exits, layers, context_ids, n_rows, reps, q
 
         return run
 
-    def verify(n):
-        ids = context_ids[:, -n:]
-
-        def run():
-            with screened_lm_head(model), fast_linears(model):
-                out = model(
-                    input_ids=ids,
-                    position_ids=torch.arange(past, past + n).unsqueeze(0),
-                    use_cache=True,
-                    **cache_kwargs(model, cache),
-                )
-                out.logits[0].float().argmax(-1)
-            crop_cache(cache, past)
-
-        return run
-
     with torch.no_grad(), grouped_attention(model):
         for k in layers:
-            costs["step", k] = timed(step(k, {}, exits), reps)
-        costs["step_packed", max(layers)] = timed(step(max(layers), quantized, packed_exits), reps)
+            costs["step", k] = timed(draft_step(model, cache, context_ids, k, {}, exits), reps)
+        costs["step_packed", max(layers)] = timed(
+            draft_step(model, cache, context_ids, max(layers), quantized, packed_exits), reps
+        )
         for ld, li in itertools.combinations(layers, 2):
             for n in range(1, n_rows + 1):
                 costs["check", ld, li, n] = timed(check(ld, li, n), reps)
@@ -140,7 +155,7 @@ def stage_costs(model, exits, packed_exits, layers, context_ids, n_rows, reps, q
             for n in range(1, 2 * n_rows + 2):
                 costs["final", li, n] = timed(final(li, n), reps)
         for n in range(1, n_rows + 2):
-            costs["verify", n] = timed(verify(n), reps)
+            costs["verify", n] = timed(verification(model, cache, context_ids, n), reps)
     return costs
 
 

@@ -26,21 +26,17 @@ from collections import defaultdict
 
 import numpy as np
 import torch
-from hispec_bound import timed
+from hispec_bound import context_cache, draft_step, timed, verification
 
 from hf_spec.bench.runner import encode_chat, load_prompts, spec_bench_group
 from hf_spec.config import read_config
 from hf_spec.heads.exits.model import load_exit_lm
 from hf_spec.kernels.grouped_attention import grouped_attention
-from hf_spec.kernels.screened_head import screened_lm_head
-from hf_spec.kernels.skinny_linear import fast_linears
-from hf_spec.kernels.weight_only import draft_linears
 from hf_spec.methods.early_exit.drafter import quantize_draft_layers
 from hf_spec.methods.retrieval.config import RetrievalConfig
 from hf_spec.methods.retrieval.retriever import Retriever
 from hf_spec.models import load_model
-from hf_spec.models.layers import decoder_parts, run_layers
-from hf_spec.verify.cache import cache_kwargs, crop_cache
+from hf_spec.models.layers import decoder_parts
 
 
 def accepted_in_tree(tree, truth: list[int]) -> int:
@@ -55,38 +51,12 @@ def accepted_in_tree(tree, truth: list[int]) -> int:
 
 
 def costs_of(model, exits, quantized, context_ids, layer: int, max_nodes: int, reps: int) -> dict:
-    parts = decoder_parts(model)
-    with torch.no_grad():
-        res = model(context_ids, use_cache=True)
-    cache = res.past_key_values if getattr(res, "past_key_values", None) is not None else res.cache
-    past = context_ids.shape[1]
-    tok = context_ids[:, -1:]
-
-    def step():
-        with draft_linears(model, quantized):
-            h = run_layers(parts, parts.embed_tokens(tok), torch.tensor([[past]]), cache, 0, layer)
-            exits.logits(layer, h)[0, -1].float().argmax()
-        crop_cache(cache, past)
-
-    def verify(n):
-        ids = context_ids[:, -n:]
-
-        def run():
-            with screened_lm_head(model), fast_linears(model):
-                out = model(
-                    input_ids=ids,
-                    position_ids=torch.arange(past, past + n).unsqueeze(0),
-                    use_cache=True,
-                    **cache_kwargs(model, cache),
-                )
-                out.logits[0].float().argmax(-1)
-            crop_cache(cache, past)
-
-        return run
-
+    """ms of a model draft step (packed layers [0, `layer`) + exit) and of verifications of 1..`max_nodes` rows."""
+    cache, _ = context_cache(model, context_ids)
     with torch.no_grad(), grouped_attention(model):
-        costs = {"step": timed(step, reps)}
-        costs["verify"] = [0.0] + [timed(verify(n), reps) for n in range(1, max_nodes + 1)]
+        costs = {"step": timed(draft_step(model, cache, context_ids, layer, quantized, exits), reps)}
+        verify = [timed(verification(model, cache, context_ids, n), reps) for n in range(1, max_nodes + 1)]
+    costs["verify"] = [0.0, *verify]
     return costs
 
 
