@@ -202,6 +202,22 @@ def main() -> None:
                 ms, _ = replay(confident, n_pos, lambda o: o[0])
                 for key in (group, "all"):
                     totals[key][f"match>={k}?retrieval:model(conf>={theta})+retrieval"] += ms
+        # causal rules with memory: fuse the model's chain while it was fully accepted the last time it ran
+        # (retrieval alone otherwise), retrying it after `retry` rounds without it
+        for retry in (1, 2, 4, 8):
+            memory = {"ok": True, "idle": 0}
+
+            def sticky(t, retry=retry, memory=memory, ret=ret, model_acc=model_acc):
+                opts = options(t)
+                if memory["ok"] or memory["idle"] >= retry:
+                    memory["ok"], memory["idle"] = model_acc[t] == n_model, 0
+                    return [opts["both"]]
+                memory["idle"] += 1
+                return [opts["retrieval"]]
+
+            ms, _ = replay(sticky, n_pos, lambda o: o[0])
+            for key in (group, "all"):
+                totals[key][f"match>=inf?retrieval:both-while-model-accepted(retry {retry})"] += ms
     rules = sorted((k for k in totals["all"] if k.startswith("match")), key=lambda k: totals["all"][k])
     for r in [*rules, "oracle retrieval|model", "oracle retrieval|both"]:
         print(r, round(totals["all"]["tokens"] / totals["all"][r] * 1000, 1))
