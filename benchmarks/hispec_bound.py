@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from hf_spec.bench.runner import encode_chat
+from hf_spec.bench.runner import encode_chat, load_prompts
 from hf_spec.heads.exits.model import load_exit_lm
 from hf_spec.kernels.grouped_attention import grouped_attention
 from hf_spec.kernels.screened_head import screened_lm_head
@@ -40,12 +40,25 @@ from hf_spec.models.layers import decoder_parts, run_layers
 from hf_spec.verify.cache import cache_kwargs, crop_cache
 
 
+def greedy_continuations(model, tok, path: str, max_new_tokens: int, per_category: int = 1, limit=None):
+    """`(prompt, ids (1, T), start)` per Spec-Bench prompt (the first `per_category` of each category, then
+    `limit`): plain greedy `generate` of its first turn; position `start` predicts the first new token."""
+    texts = []
+    for p in load_prompts(path, limit=limit, per_category=per_category):
+        ids = encode_chat(tok, [{"role": "user", "content": p.turns[0]}])
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False
+        )
+        texts.append((p, out, ids.shape[1] - 1))
+    return texts
+
+
 def predictions(model, exits, layers, texts, topk):
     """Per text: final argmax `[T]`, and per exit layer its argmax `[T]` and top-k `[T, k]` at the continuation
     positions (position t predicts token t + 1)."""
     out = []
     with torch.no_grad():
-        for ids, start in texts:
+        for _, ids, start in texts:
             res = model(ids, output_hidden_states=True)
             final = res.logits[0, start:].float().argmax(-1)
             per_layer = {}
@@ -245,25 +258,14 @@ def main() -> None:
     model, tok = load_model(args.target, dtype=getattr(torch, args.dtype))
     layers = [int(x) for x in args.layers.split(",")]
     exits = load_exit_lm(model, args.exit_heads, draft_vocab=True)
-    rows = [json.loads(line) for line in open(args.prompts)]
-    seen, chosen = set(), []
-    for r in rows:
-        if r["category"] not in seen:
-            seen.add(r["category"])
-            chosen.append(r)
-    texts = []
     t = time.perf_counter()
-    for r in chosen[: args.count]:
-        ids = encode_chat(tok, [{"role": "user", "content": r["turns"][0]}])
-        out = model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens, do_sample=False
-        )
-        texts.append((out, ids.shape[1] - 1))  # position start - 1 predicts the first new token
+    texts = greedy_continuations(model, tok, args.prompts, args.max_new_tokens, limit=args.count)
     print(f"generated {len(texts)} continuations in {time.perf_counter() - t:.0f} s", flush=True)
     preds = predictions(model, exits, layers, texts, args.topk)
     packed_exits = load_exit_lm(model, args.exit_heads, draft_vocab=True)  # its LM-head rows become int8
     quantized = quantize_draft_layers(decoder_parts(model), max(layers), "int8", packed_exits)
-    context = torch.cat([texts[0][0]] * (1 + args.context // texts[0][0].shape[1]), dim=1)[:, : args.context]
+    first = texts[0][1]
+    context = torch.cat([first] * (1 + args.context // first.shape[1]), dim=1)[:, : args.context]
     costs = stage_costs(model, exits, packed_exits, layers, context, args.max_nd, args.reps, quantized)
     print("stage ms:", {" ".join(map(str, k)): round(v, 2) for k, v in costs.items()}, flush=True)
 

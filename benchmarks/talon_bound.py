@@ -26,9 +26,9 @@ from collections import defaultdict
 
 import numpy as np
 import torch
-from hispec_bound import context_cache, draft_step, timed, verification
+from hispec_bound import context_cache, draft_step, greedy_continuations, timed, verification
 
-from hf_spec.bench.runner import encode_chat, load_prompts, spec_bench_group
+from hf_spec.bench.runner import spec_bench_group
 from hf_spec.config import read_config
 from hf_spec.heads.exits.model import load_exit_lm
 from hf_spec.kernels.grouped_attention import grouped_attention
@@ -105,16 +105,14 @@ def main() -> None:
     layer, n_model = args.exit_layer, args.model_drafts
 
     texts = []
-    for p in load_prompts(args.prompts, per_category=args.per_category):
-        ids = encode_chat(tok, [{"role": "user", "content": p.turns[0]}])
-        out = model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens, do_sample=False
-        )
+    for p, out, start in greedy_continuations(
+        model, tok, args.prompts, args.max_new_tokens, args.per_category
+    ):
         with torch.no_grad():
             hidden = model(out, output_hidden_states=True).hidden_states[layer]
-            probs = exits.logits(layer, hidden[:, ids.shape[1] - 1 :])[0].float().softmax(-1).max(-1)
+            probs = exits.logits(layer, hidden[:, start:])[0].float().softmax(-1).max(-1)
         drafts, confidence = probs.indices.tolist(), probs.values.tolist()
-        texts.append((spec_bench_group(p.category), out[0].tolist(), ids.shape[1] - 1, drafts, confidence))
+        texts.append((spec_bench_group(p.category), out[0].tolist(), start, drafts, confidence))
     print(f"{len(texts)} continuations", flush=True)
 
     # what each drafter gets accepted at every root position (position start + t)
