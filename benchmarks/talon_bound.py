@@ -60,6 +60,62 @@ def costs_of(model, exits, quantized, context_ids, layer: int, max_nodes: int, r
     return costs
 
 
+def tree_shape(tree) -> tuple[int, int, int]:
+    """(first token of the most frequent path or -1, number of distinct first tokens, depth of that path)."""
+    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
+    firsts = [i for i, parent in enumerate(parents) if parent == -1]
+    if not firsts:
+        return -1, 0, 0
+    node, depth = firsts[0], 1
+    while kids := [i for i, parent in enumerate(parents) if parent == node]:
+        node, depth = kids[0], depth + 1
+    return tokens[firsts[0]], len(firsts), depth
+
+
+def drafter_outcomes(
+    model, tok, retriever, exits, layer: int, n_model: int, args
+) -> tuple[list[dict], list[float]]:
+    """Per greedy continuation (`args.prompts`, `args.per_category`, `args.max_new_tokens`): at every root
+    position t, what the retrieval tree gets accepted (with its match length, size and shape) and what the model's
+    chain of `n_model` exit drafts gets accepted, the exit's argmax and confidence; and every lookup's ms."""
+    rows, lookup_ms = [], []
+    for p, out, start in greedy_continuations(
+        model, tok, args.prompts, args.max_new_tokens, args.per_category
+    ):
+        with torch.no_grad():
+            hidden = model(out, output_hidden_states=True).hidden_states[layer]
+            probs = exits.logits(layer, hidden[:, start:])[0].float().softmax(-1).max(-1)
+        drafts, confidence, seq = probs.indices.tolist(), probs.values.tolist(), out[0].tolist()
+        n_pos = len(seq) - start
+        truth = [seq[start + t + 1 :] for t in range(n_pos)]
+        retrieval = []
+        for t in range(n_pos):
+            c = time.perf_counter()
+            tree, match = retriever.propose(np.asarray(seq[: start + t + 1]), max_depth=64)
+            lookup_ms.append(1000 * (time.perf_counter() - c))
+            first, n_first, depth = tree_shape(tree)
+            retrieval.append({"accepted": accepted_in_tree(tree, truth[t]), "nodes": len(tree), "match": match,
+                              "first": first, "n_first": n_first, "depth": depth})  # fmt: skip
+        model_acc = []
+        for t in range(n_pos):
+            m = 0
+            while m < n_model and t + m < n_pos - 1 and drafts[t + m] == truth[t + m][0]:
+                m += 1
+            model_acc.append(m)
+        rows.append({"group": spec_bench_group(p.category), "seq": seq, "n_pos": n_pos, "retrieval": retrieval,
+                     "model_acc": model_acc, "drafts": drafts, "confidence": confidence, "truth": truth})  # fmt: skip
+    print(f"{len(rows)} continuations", flush=True)
+    return rows, lookup_ms
+
+
+def measured_costs(model, exit_heads: str, seq: list[int], layer: int, context: int, reps: int) -> dict:
+    """`costs_of` after a context of `context` tokens (`seq` repeated), on int8 copies of the drafting layers."""
+    context_ids = torch.tensor([seq * (1 + context // len(seq))])[:, :context]
+    packed_exits = load_exit_lm(model, exit_heads, draft_vocab=True)
+    quantized = quantize_draft_layers(decoder_parts(model), layer, "int8", packed_exits)
+    return costs_of(model, packed_exits, quantized, context_ids, layer, 40, reps)
+
+
 def replay(options_at, n_pos: int, choose) -> tuple[float, int]:
     """(ms, rounds) of committing positions 0..n_pos-1 choosing at each round with `choose(options) -> option`;
     an option is (accepted, ms)."""
@@ -104,46 +160,19 @@ def main() -> None:
     exits = load_exit_lm(model, args.exit_heads, draft_vocab=True)
     layer, n_model = args.exit_layer, args.model_drafts
 
-    texts = []
-    for p, out, start in greedy_continuations(
-        model, tok, args.prompts, args.max_new_tokens, args.per_category
-    ):
-        with torch.no_grad():
-            hidden = model(out, output_hidden_states=True).hidden_states[layer]
-            probs = exits.logits(layer, hidden[:, start:])[0].float().softmax(-1).max(-1)
-        drafts, confidence = probs.indices.tolist(), probs.values.tolist()
-        texts.append((spec_bench_group(p.category), out[0].tolist(), start, drafts, confidence))
-    print(f"{len(texts)} continuations", flush=True)
-
-    # what each drafter gets accepted at every root position (position start + t)
-    lookup_ms, rows = [], []
-    for group, seq, start, drafts, confidence in texts:
-        n_pos = len(seq) - start
-        truth = [seq[start + t + 1 :] for t in range(n_pos)]
-        ret = []
-        for t in range(n_pos):
-            c = time.perf_counter()
-            tree, match = retriever.propose(np.asarray(seq[: start + t + 1]), max_depth=64)
-            lookup_ms.append(1000 * (time.perf_counter() - c))
-            ret.append((accepted_in_tree(tree, truth[t]), len(tree), match))
-        model_acc = []
-        for t in range(n_pos):
-            m = 0
-            while m < n_model and t + m < n_pos - 1 and drafts[t + m] == truth[t + m][0]:
-                m += 1
-            model_acc.append(m)
-        rows.append((group, n_pos, ret, model_acc, drafts, confidence, truth))
-    costs_ctx = torch.tensor([texts[0][1] * (1 + args.context // len(texts[0][1]))])[:, : args.context]
-    packed_exits = load_exit_lm(model, args.exit_heads, draft_vocab=True)
-    quantized = quantize_draft_layers(decoder_parts(model), layer, "int8", packed_exits)
-    costs = costs_of(model, packed_exits, quantized, costs_ctx, layer, 40, args.reps)
+    rows, lookup_ms = drafter_outcomes(model, tok, retriever, exits, layer, n_model, args)
+    costs = measured_costs(model, args.exit_heads, rows[0]["seq"], layer, args.context, args.reps)
     costs["lookup"] = statistics.mean(lookup_ms)
     verify, lookup, draft = costs["verify"], costs["lookup"], n_model * costs["step"]
     print(f"ms: lookup {lookup:.2f}, model draft {draft:.1f}, verify 1/3/9/17/25 nodes "
           f"{verify[1]:.1f}/{verify[3]:.1f}/{verify[9]:.1f}/{verify[17]:.1f}/{verify[25]:.1f}")  # fmt: skip
 
     totals = defaultdict(lambda: defaultdict(float))
-    for group, n_pos, ret, model_acc, drafts, confidence, truth in rows:
+    for row in rows:
+        group, n_pos, model_acc, drafts, confidence, truth = (
+            row[k] for k in ("group", "n_pos", "model_acc", "drafts", "confidence", "truth")
+        )
+        ret = [(x["accepted"], x["nodes"], x["match"]) for x in row["retrieval"]]
 
         def options(t, ret=ret, model_acc=model_acc, n_pos=n_pos):
             r, nodes, _ = ret[t]
