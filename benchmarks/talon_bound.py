@@ -134,7 +134,8 @@ def oracle(options_at, n_pos: int) -> float:
     return best[0]
 
 
-def main() -> None:
+def arguments(per_category: int) -> argparse.ArgumentParser:
+    """The options `talon_bound.py` and `talon_switch_features.py` share."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--target", default="qwen2.5-coder-0.5b-instruct")
     ap.add_argument(
@@ -145,24 +146,33 @@ def main() -> None:
     ap.add_argument("--model-drafts", type=int, default=2)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--prompts", default="../shared/data/eval/spec_bench_dev.jsonl")
-    ap.add_argument("--per-category", type=int, default=1)
+    ap.add_argument("--per-category", type=int, default=per_category)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--context", type=int, default=400)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+    return ap
+
+
+def outcomes_and_costs(args) -> tuple[dict, list[dict], dict]:
+    """Talon's config, `drafter_outcomes` and `measured_costs` (with the mean lookup) for parsed `arguments`."""
     torch.set_num_threads(args.threads)
     model, tok = load_model(args.target, dtype=getattr(torch, args.dtype))
     talon = read_config(args.config)
     retriever = Retriever(RetrievalConfig.from_dict(talon["retrieval"]), model, tok)
-    extend, both_nodes = int(talon.get("extend_tokens", 0)), int(talon.get("both_nodes", 0) or 10**6)
     exits = load_exit_lm(model, args.exit_heads, draft_vocab=True)
-    layer, n_model = args.exit_layer, args.model_drafts
-
-    rows, lookup_ms = drafter_outcomes(model, tok, retriever, exits, layer, n_model, args)
-    costs = measured_costs(model, args.exit_heads, rows[0]["seq"], layer, args.context, args.reps)
+    rows, lookup_ms = drafter_outcomes(model, tok, retriever, exits, args.exit_layer, args.model_drafts, args)
+    costs = measured_costs(model, args.exit_heads, rows[0]["seq"], args.exit_layer, args.context, args.reps)
     costs["lookup"] = statistics.mean(lookup_ms)
+    return talon, rows, costs
+
+
+def main() -> None:
+    args = arguments(per_category=1).parse_args()
+    talon, rows, costs = outcomes_and_costs(args)
+    extend, both_nodes = int(talon.get("extend_tokens", 0)), int(talon.get("both_nodes", 0) or 10**6)
+    n_model = args.model_drafts
     verify, lookup, draft = costs["verify"], costs["lookup"], n_model * costs["step"]
     print(f"ms: lookup {lookup:.2f}, model draft {draft:.1f}, verify 1/3/9/17/25 nodes "
           f"{verify[1]:.1f}/{verify[3]:.1f}/{verify[9]:.1f}/{verify[17]:.1f}/{verify[25]:.1f}")  # fmt: skip

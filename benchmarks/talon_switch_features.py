@@ -19,19 +19,10 @@ Usage: python benchmarks/talon_switch_features.py [--per-category 2] [--out FILE
 
 from __future__ import annotations
 
-import argparse
 import json
-import statistics
 from collections import defaultdict
 
-import torch
-from talon_bound import drafter_outcomes, measured_costs, oracle
-
-from hf_spec.config import read_config
-from hf_spec.heads.exits.model import load_exit_lm
-from hf_spec.methods.retrieval.config import RetrievalConfig
-from hf_spec.methods.retrieval.retriever import Retriever
-from hf_spec.models import load_model
+from talon_bound import arguments, oracle, outcomes_and_costs
 
 FREE = ("match", "match+shape", "match+last", "match+shape+last")
 PAID = ("match+conf", "match+conf+agree", "match+conf+agree+last")
@@ -158,31 +149,8 @@ class Rounds:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--target", default="qwen2.5-coder-0.5b-instruct")
-    ap.add_argument(
-        "--config", default="benchmarks/configs/talon-qwen2.5-coder-0.5b-instruct-best-ee-int8-n2.json"
-    )
-    ap.add_argument("--exit-heads", default="model_cards/exits-qwen2.5-coder-0.5b-instruct")
-    ap.add_argument("--exit-layer", type=int, default=22)
-    ap.add_argument("--model-drafts", type=int, default=2)
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--prompts", default="../shared/data/eval/spec_bench_dev.jsonl")
-    ap.add_argument("--per-category", type=int, default=2)
-    ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--context", type=int, default=400)
-    ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    model, tok = load_model(args.target, dtype=getattr(torch, args.dtype))
-    talon = read_config(args.config)
-    retriever = Retriever(RetrievalConfig.from_dict(talon["retrieval"]), model, tok)
-    exits = load_exit_lm(model, args.exit_heads, draft_vocab=True)
-    rows, lookup_ms = drafter_outcomes(model, tok, retriever, exits, args.exit_layer, args.model_drafts, args)
-    costs = measured_costs(model, args.exit_heads, rows[0]["seq"], args.exit_layer, args.context, args.reps)
-    costs["lookup"] = statistics.mean(lookup_ms)
+    args = arguments(per_category=2).parse_args()
+    talon, rows, costs = outcomes_and_costs(args)
     rounds = Rounds(costs, args.model_drafts, int(talon.get("extend_tokens", 0)),
                     int(talon.get("both_nodes", 0) or 10**6))  # fmt: skip
     print(f"ms: lookup {costs['lookup']:.2f}, draft step {costs['step']:.1f}, verify 1/9 nodes "
