@@ -29,17 +29,20 @@ def chi2_pvalue(observed: Counter, expected: dict, n: int, min_expected: float =
 
 
 def sampled_marginals_pvalues(
-    target, decoder_factory, loop: str = "hf-spec", n: int = 1000, seed: int = 2024
+    target, decoder_factory, loop: str = "hf-spec", n: int = 1000, seed: int = 2024, sampling=None
 ):
     """Sample `n` continuations of a fixed prompt through `decoder_factory()` in hf-spec's loop, in batches of 50
     copies verified together (`loop="batched"`; `"batched-auto"`: with `batches="auto"`, whose `DraftSwitch` may
-    take plain steps) or in transformers' assisted loop; return (per-position chi-square p-values against the exact marginals, accepted draft tokens)."""
+    take plain steps) or in transformers' assisted loop; return (per-position chi-square p-values against the exact marginals, accepted draft tokens).
+    `sampling`: (generate's sampling options, the warpers plain sampling applies for them); default temperature
+    `TEMP` + top-p `TOP_P`."""
     from tests.test_sampling import NEW, TEMP, TOP_P, exact_marginals
 
+    options, procs = sampling or ({"temperature": TEMP, "top_p": TOP_P}, None)
     prompt = torch.tensor([[1, 5, 7, 3, 9]])
-    expected = exact_marginals(target, prompt)
+    expected = exact_marginals(target, prompt, procs)
     decoder = decoder_factory()
-    kw = dict(max_new_tokens=NEW, do_sample=True, temperature=TEMP, top_p=TOP_P, top_k=0, pad_token_id=0)
+    kw = dict(max_new_tokens=NEW, do_sample=True, top_k=0, pad_token_id=0) | options
     counts = [Counter() for _ in range(NEW)]
     accepted = 0
     torch.manual_seed(seed)

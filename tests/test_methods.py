@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -111,6 +112,44 @@ def test_greedy_with_logits_processors_equals_generate(tiny_llama, spec):
     kw = dict(max_new_tokens=40, do_sample=False, repetition_penalty=1.3, no_repeat_ngram_size=3)
     ref = tiny_llama.generate(ids, **kw)
     assert torch.equal(tiny_llama.generate(ids, custom_generate=SpeculativeDecoder(spec), **kw), ref)
+
+
+GENERATION_OPTIONS = {
+    "bad_words_ids": dict(bad_words_ids=[[5], [7, 8], [11, 12, 13]]),
+    "suppress_tokens": dict(suppress_tokens=[3, 4, 9]),
+    "begin_suppress_tokens": dict(begin_suppress_tokens=[3, 4, 9]),
+    "sequence_bias": dict(sequence_bias={(5,): -10.0, (7, 8): 5.0}),
+    "forced_bos_token_id": dict(forced_bos_token_id=4),
+    "forced_eos_token_id": dict(forced_eos_token_id=2, max_new_tokens=25),
+    "exponential_decay_length_penalty": dict(exponential_decay_length_penalty=(5, 1.5), eos_token_id=2),
+    "min_new_tokens": dict(min_new_tokens=30, eos_token_id=2),
+    "renormalize_logits": dict(renormalize_logits=True, repetition_penalty=1.2),
+    "eos_token_id list": dict(eos_token_id=[2, 17, 23]),
+}
+
+
+@pytest.mark.parametrize("spec", ["pld", "oracle:5"])
+@pytest.mark.parametrize("option", list(GENERATION_OPTIONS))
+def test_greedy_with_generation_options_equals_generate(tiny_llama, spec, option):
+    """Every logits processor `generate` builds from its options sees each tree path's own prefix and length."""
+    ids = prompt_ids(10, seed=3)
+    kw = {"max_new_tokens": 40, "do_sample": False, **GENERATION_OPTIONS[option]}
+    ref = tiny_llama.generate(ids, **kw)
+    out = tiny_llama.generate(ids, custom_generate=SpeculativeDecoder(spec), **kw)
+    assert torch.equal(out, ref)
+    if option == "forced_eos_token_id":
+        assert out.shape[1] == ids.shape[1] + 25 and int(out[0, -1]) == 2
+
+
+def test_max_time_stops_generation(tiny_llama):
+    """`max_time` (transformers' MaxTimeCriteria) ends a generation that would otherwise run far longer."""
+    ids = prompt_ids(10, seed=3)
+    start = time.perf_counter()
+    out = tiny_llama.generate(
+        ids, max_new_tokens=100_000, max_time=0.2, do_sample=False, custom_generate=SpeculativeDecoder("pld")
+    )
+    assert time.perf_counter() - start < 30
+    assert 0 < out.shape[1] - ids.shape[1] < 100_000
 
 
 def test_real_stories_model_all_methods(stories):

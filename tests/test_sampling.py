@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+from transformers import (
+    EpsilonLogitsWarper,
+    LogitsProcessorList,
+    MinPLogitsWarper,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    TypicalLogitsWarper,
+)
 
 from hf_spec import SpeculativeDecoder
 from hf_spec.config import MethodConfig
@@ -56,9 +64,12 @@ class SampledTreeDrafter(Drafter):
         return DraftTree(torch.tensor(tokens), torch.tensor(parents), torch.stack(rows))
 
 
-def exact_marginals(model, prompt: torch.Tensor) -> list[dict[int, float]]:
-    """Per-position marginals of plain sampling (temperature + top-p), by enumeration."""
-    procs = LogitsProcessorList([TemperatureLogitsWarper(TEMP), TopPLogitsWarper(TOP_P)])
+def exact_marginals(
+    model, prompt: torch.Tensor, procs: LogitsProcessorList | None = None
+) -> list[dict[int, float]]:
+    """Per-position marginals of plain sampling (temperature + top-p unless `procs` says otherwise), by
+    enumeration."""
+    procs = procs or LogitsProcessorList([TemperatureLogitsWarper(TEMP), TopPLogitsWarper(TOP_P)])
     probs_of: dict[tuple, torch.Tensor] = {}
 
     def dist(prefix: tuple) -> torch.Tensor:
@@ -119,6 +130,37 @@ def test_batch_sampling_with_plain_steps_between_drafted_rounds(monkeypatch):
     pvalues, accepted = sampled_marginals_pvalues(target, lambda: decoder, "batched-auto", n=1500, seed=7)
     assert accepted > 1500 * 0.15  # drafted rounds happen (and get accepted) between the plain steps
     assert decoder.last_stats.plain_rounds > 0
+    assert min(pvalues) > 1e-3, pvalues
+
+
+# generate's options -> the warpers plain sampling applies for them (transformers' order). The thresholds keep clear
+# of near-ties in this tiny target (with top_k 5 its 5th and 6th logits tie after one prefix, and a full forward
+# and a cached one keep different tokens: plain `generate` fails the same check there).
+WARPERS = {
+    "min_p": ({"temperature": TEMP, "min_p": 0.2}, [TemperatureLogitsWarper(TEMP), MinPLogitsWarper(0.2)]),
+    "typical_p": (
+        {"temperature": TEMP, "typical_p": 0.8},
+        [TemperatureLogitsWarper(TEMP), TypicalLogitsWarper(0.8)],
+    ),
+    "top_k + epsilon": (
+        {"temperature": TEMP, "top_k": 6, "epsilon_cutoff": 0.05},
+        [TemperatureLogitsWarper(TEMP), TopKLogitsWarper(6), EpsilonLogitsWarper(0.05)],
+    ),
+}
+
+
+@pytest.mark.parametrize("warpers", list(WARPERS))
+def test_sampling_with_other_warpers_matches_plain_sampling(warpers):
+    """min-p, typical-p, top-k and epsilon truncation reach the loop through `generate`'s own processor list:
+    the per-position marginals are plain sampling's with the same warpers (50 copies a call, batched)."""
+    options, procs = WARPERS[warpers]
+    target = make_tiny_model("llama", seed=11, vocab_size=V, layers=2, temperature=2.0)
+    draft = make_tiny_model("llama", seed=12, vocab_size=V, layers=1, temperature=2.0)
+    decoder = SpeculativeDecoder(SampledTreeDrafter(target, draft, 2))
+    pvalues, accepted = sampled_marginals_pvalues(
+        target, lambda: decoder, "batched", n=1500, seed=31, sampling=(options, LogitsProcessorList(procs))
+    )
+    assert accepted > 1500 * 0.3
     assert min(pvalues) > 1e-3, pvalues
 
 
