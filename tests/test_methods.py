@@ -12,7 +12,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from transformers import DynamicCache
+from transformers import DynamicCache, WatermarkingConfig
 
 from hf_spec import SpeculativeDecoder, list_methods
 from hf_spec.heads.eagle import EagleHeadConfig, EagleHeadModel
@@ -125,6 +125,7 @@ GENERATION_OPTIONS = {
     "min_new_tokens": dict(min_new_tokens=30, eos_token_id=2),
     "renormalize_logits": dict(renormalize_logits=True, repetition_penalty=1.2),
     "eos_token_id list": dict(eos_token_id=[2, 17, 23]),
+    "watermarking_config": dict(watermarking_config=WatermarkingConfig(bias=2.5, seeding_scheme="lefthash")),
 }
 
 
