@@ -1,9 +1,10 @@
 """Paper Table 3 / Table 4 analogues from `hf-spec bench` outputs of postuse configs.
 
     python benchmarks/postuse_tables.py benchmarks/results/postuse-qwen2.5-coder-0.5b-instruct [more result dirs]
+        [--fixed=-lambda2.json]
 
 Prints one markdown table per results folder: speedup vs `ar`, speed relative to the fixed-lambda config
-(`*-fixed.json`) of the same run, tau (mean tokens per target forward = mean accepted length + 1), draft
+(`*-fixed.json`, or the config whose name ends with `--fixed`) of the same run, tau (mean tokens per target forward = mean accepted length + 1), draft
 utilization (accepted tree nodes / proposed tree nodes, cached branches included), plus lossless mismatches.
 Where the run recorded the postuse drafter's counters (`drafter_counts`, since session 13) it adds draft calls per
 round and the drafter's utilization: output tokens that came from the drafter's chain or from cached phrases /
@@ -12,8 +13,8 @@ tokens the drafter drafted (the paper's "drafted tokens converted into output"; 
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 
@@ -33,10 +34,10 @@ def drafter_utilization(c: dict[str, float]) -> float:
     return (c["chain_accepted"] + c["cache_accepted"]) / max(c["chain_tokens"], 1)
 
 
-def table(results: dict) -> str:
+def table(results: dict, fixed_suffix: str = "-fixed.json") -> str:
     summary = results["summary"]
     counts = drafter_counts(results)
-    fixed_name = next((n for n in summary if n.endswith("-fixed.json")), None)
+    fixed_name = next((n for n in summary if n.endswith(fixed_suffix)), None)
     fixed = summary.get(fixed_name)
     head = "| method | speedup vs ar | vs fixed lambda | tau | mean accepted length | draft util. | util. vs fixed | mismatches |"
     sep = "|---|---|---|---|---|---|---|---|"
@@ -75,10 +76,14 @@ def table(results: dict) -> str:
 
 
 def main() -> None:
-    for folder in sys.argv[1:]:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("folders", nargs="+")
+    ap.add_argument("--fixed", default="-fixed.json", help="name suffix of the fixed-lambda baseline config")
+    args = ap.parse_args()
+    for folder in args.folders:
         results = json.loads((Path(folder) / "results.json").read_text())
         print(f"### {folder}\n")
-        print(table(results) + "\n")
+        print(table(results, args.fixed) + "\n")
 
 
 if __name__ == "__main__":
