@@ -116,6 +116,33 @@ def measured_costs(model, exit_heads: str, seq: list[int], layer: int, context: 
     return costs_of(model, packed_exits, quantized, context_ids, layer, 40, reps)
 
 
+class RoundCosts:
+    """Each choice's (accepted tokens, ms) at root position t of a `drafter_outcomes` row, from measured costs:
+    retrieval alone, the model's chain alone, or both fused (Talon's extension after a fully accepted chain; the
+    fused tree pays its retrieval nodes capped at `both_nodes` but is credited the uncapped tree's acceptance)."""
+
+    def __init__(self, costs: dict, n_model: int, talon: dict) -> None:
+        self.costs, self.n_model = costs, n_model
+        self.extend = int(talon.get("extend_tokens", 0))
+        self.both_nodes = int(talon.get("both_nodes", 0) or 10**6)
+
+    def verify(self, nodes: int) -> float:
+        return self.costs["verify"][min(nodes, 40)]
+
+    def options(self, row: dict, t: int) -> dict[str, tuple[int, float]]:
+        ret, n = row["retrieval"][t], self.n_model
+        r, nodes, m = ret["accepted"], ret["nodes"], row["model_acc"][t]
+        lookup, draft = self.costs["lookup"], n * self.costs["step"]
+        fused = max(r, m)
+        if self.extend and m == n and t + m < row["n_pos"] - 1:
+            fused = max(fused, m + min(row["retrieval"][t + m]["accepted"], self.extend))
+        return {
+            "retrieval": (r, lookup + self.verify(nodes + 1)),
+            "model": (m, draft + self.verify(n + 1)),
+            "both": (fused, lookup + draft + self.verify(min(nodes, self.both_nodes) + n + self.extend + 1)),
+        }
+
+
 def replay(options_at, n_pos: int, choose) -> tuple[float, int]:
     """(ms, rounds) of committing positions 0..n_pos-1 choosing at each round with `choose(options) -> option`;
     an option is (accepted, ms)."""
@@ -171,8 +198,8 @@ def outcomes_and_costs(args) -> tuple[dict, list[dict], dict]:
 def main() -> None:
     args = arguments(per_category=1).parse_args()
     talon, rows, costs = outcomes_and_costs(args)
-    extend, both_nodes = int(talon.get("extend_tokens", 0)), int(talon.get("both_nodes", 0) or 10**6)
     n_model = args.model_drafts
+    rounds = RoundCosts(costs, n_model, talon)
     verify, lookup, draft = costs["verify"], costs["lookup"], n_model * costs["step"]
     print(f"ms: lookup {lookup:.2f}, model draft {draft:.1f}, verify 1/3/9/17/25 nodes "
           f"{verify[1]:.1f}/{verify[3]:.1f}/{verify[9]:.1f}/{verify[17]:.1f}/{verify[25]:.1f}")  # fmt: skip
@@ -184,16 +211,8 @@ def main() -> None:
         )
         ret = [(x["accepted"], x["nodes"], x["match"]) for x in row["retrieval"]]
 
-        def options(t, ret=ret, model_acc=model_acc, n_pos=n_pos):
-            r, nodes, _ = ret[t]
-            m = model_acc[t]
-            retrieval = (r, lookup + verify[min(nodes + 1, 40)])
-            model_only = (m, draft + verify[n_model + 1])
-            fused = max(r, m)
-            if extend and m == n_model and t + m < n_pos - 1:
-                fused = max(fused, m + min(ret[t + m][0], extend))
-            both = (fused, lookup + draft + verify[min(min(nodes, both_nodes) + n_model + extend + 1, 40)])
-            return {"retrieval": retrieval, "model": model_only, "both": both}
+        def options(t, row=row):
+            return rounds.options(row, t)
 
         for name in ("retrieval", "model", "both"):
             ms, _ = replay(lambda t, name=name: [options(t)[name]], n_pos, lambda o: o[0])
@@ -226,15 +245,15 @@ def main() -> None:
                               n_pos=n_pos):  # fmt: skip
                     r, nodes, match = ret[t]
                     if match >= k:
-                        return [(r, lookup + verify[min(nodes + 1, 40)])]
+                        return [options(t)["retrieval"]]
                     steps = 1
                     while steps < n_model and t + steps < n_pos - 1 and confidence[t + steps - 1] >= theta:
                         steps += 1
                     m = 0
                     while m < steps and t + m < n_pos - 1 and drafts[t + m] == truth[t + m][0]:
                         m += 1
-                    nodes_both = min(min(nodes, both_nodes) + steps + 1, 40)
-                    return [(max(r, m), lookup + steps * costs["step"] + verify[nodes_both])]
+                    nodes_both = min(nodes, rounds.both_nodes) + steps + 1
+                    return [(max(r, m), lookup + steps * costs["step"] + rounds.verify(nodes_both))]
 
                 ms, _ = replay(confident, n_pos, lambda o: o[0])
                 for key in (group, "all"):

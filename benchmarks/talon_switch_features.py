@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
-from talon_bound import arguments, oracle, outcomes_and_costs
+from talon_bound import RoundCosts, arguments, oracle, outcomes_and_costs
 
 FREE = ("match", "match+shape", "match+last", "match+shape+last")
 PAID = ("match+conf", "match+conf+agree", "match+conf+agree+last")
@@ -50,32 +50,20 @@ def feature_key(name: str, row: dict, t: int, last: int) -> tuple:
     return key
 
 
-class Rounds:
-    """Every action's (accepted tokens, ms) at every root position, from measured costs."""
-
-    def __init__(self, costs: dict, n_model: int, extend: int, both_nodes: int) -> None:
-        self.costs, self.n_model, self.extend, self.both_nodes = costs, n_model, extend, both_nodes
-
-    def verify(self, nodes: int) -> float:
-        return self.costs["verify"][min(nodes, 40)]
+class Rounds(RoundCosts):
+    """`RoundCosts` with the choices of rounds that paid the first draft step for its confidence, and policy
+    replay and search over them."""
 
     def options(self, row: dict, t: int) -> dict[str, tuple[int, float]]:
-        ret, n = row["retrieval"][t], self.n_model
-        r, nodes, m = ret["accepted"], ret["nodes"], row["model_acc"][t]
-        step, lookup = self.costs["step"], self.costs["lookup"]
-        fused = max(r, m)
-        if self.extend and m == n and t + m < row["n_pos"] - 1:
-            fused = max(fused, m + min(row["retrieval"][t + m]["accepted"], self.extend))
-        shared = min(nodes, self.both_nodes)
-        both = (fused, lookup + n * step + self.verify(shared + n + self.extend + 1))
-        return {
-            "retrieval": (r, lookup + self.verify(nodes + 1)),
-            "model": (m, n * step + self.verify(n + 1)),
-            "both": both,
-            # rounds that paid the first draft step for its confidence
-            "step+retrieval": (r, lookup + step + self.verify(nodes + 1)),
-            "step+both1": (max(r, min(m, 1)), lookup + step + self.verify(shared + 2)),
-            "step+both": both,
+        opts = super().options(row, t)
+        ret = row["retrieval"][t]
+        r, m, step = ret["accepted"], row["model_acc"][t], self.costs["step"]
+        retrieval_ms = opts["retrieval"][1]
+        one_draft_ms = self.costs["lookup"] + step + self.verify(min(ret["nodes"], self.both_nodes) + 2)
+        return opts | {
+            "step+retrieval": (r, retrieval_ms + step),
+            "step+both1": (max(r, min(m, 1)), one_draft_ms),
+            "step+both": opts["both"],
         }
 
     def replay(self, rows: list[dict], policy) -> tuple[float, dict]:
@@ -151,8 +139,7 @@ class Rounds:
 def main() -> None:
     args = arguments(per_category=2).parse_args()
     talon, rows, costs = outcomes_and_costs(args)
-    rounds = Rounds(costs, args.model_drafts, int(talon.get("extend_tokens", 0)),
-                    int(talon.get("both_nodes", 0) or 10**6))  # fmt: skip
+    rounds = Rounds(costs, args.model_drafts, talon)
     print(f"ms: lookup {costs['lookup']:.2f}, draft step {costs['step']:.1f}, verify 1/9 nodes "
           f"{costs['verify'][1]:.1f}/{costs['verify'][9]:.1f}")  # fmt: skip
 
