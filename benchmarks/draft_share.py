@@ -45,7 +45,13 @@ def main() -> None:
     with open(args.results) as f:
         results = json.load(f)
     rows = shares(results)
+    if not rows:
+        raise SystemExit(f"{args.results}: no method with per-prompt stats (a bench run of `ar` only?)")
     ref = args.reference or next((m for m in rows if m.startswith("eagle:")), next(iter(rows)))
+    if ref not in rows:
+        raise SystemExit(
+            f"--reference {ref!r} is not a method of {args.results} with stats: {', '.join(rows)}"
+        )
     base = rows[ref]["tokens_per_s"]
     print(f"reference: `{ref}` {base:.1f} tok/s")
     print("| method | tau | tok/s | draft share | tok/s, drafting free | tok/s, verification only | "
