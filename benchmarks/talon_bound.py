@@ -12,6 +12,9 @@ the better of retrieval-only and model-only drafting, from measured acceptance a
    copies of layers [0, 22) + the exit head), a verification of n nodes (chain, screened LM head), n = 1..40.
 4. Retrieval-only, model-only and always-both replayed round by round; the oracle switch by dynamic programming
    (least total time over the three choices at every round). Ratios per Spec-Bench group and overall.
+5. The same replay under two what-if cost models (`WHAT_IFS`): every verification priced as one node (a memory-bound
+   accelerator at batch 1, where a fused tree costs what either half costs), and that with model drafting free too
+   (drafting wholly overlapped with verification, Talon's asynchronous ideal).
 
 Usage: python benchmarks/talon_bound.py [--dtype bfloat16] [--per-category 1] [--max-new-tokens 96]
 """
@@ -119,20 +122,25 @@ def measured_costs(model, exit_heads: str, seq: list[int], layer: int, context: 
 class RoundCosts:
     """Each choice's (accepted tokens, ms) at root position t of a `drafter_outcomes` row, from measured costs:
     retrieval alone, the model's chain alone, or both fused (Talon's extension after a fully accepted chain; the
-    fused tree pays its retrieval nodes capped at `both_nodes` but is credited the uncapped tree's acceptance)."""
+    fused tree pays its retrieval nodes capped at `both_nodes` but is credited the uncapped tree's acceptance).
+    What-ifs: `flat_verify` prices every verification as one node (hardware where a small tree is memory-bound, as a
+    GPU at batch 1); `free_draft` prices model drafting at 0 (drafting wholly hidden behind verification)."""
 
-    def __init__(self, costs: dict, n_model: int, talon: dict) -> None:
+    def __init__(
+        self, costs: dict, n_model: int, talon: dict, flat_verify: bool = False, free_draft: bool = False
+    ) -> None:
         self.costs, self.n_model = costs, n_model
         self.extend = int(talon.get("extend_tokens", 0))
         self.both_nodes = int(talon.get("both_nodes", 0) or 10**6)
+        self.flat_verify, self.free_draft = flat_verify, free_draft
 
     def verify(self, nodes: int) -> float:
-        return self.costs["verify"][min(nodes, 40)]
+        return self.costs["verify"][1 if self.flat_verify else min(nodes, 40)]
 
     def options(self, row: dict, t: int) -> dict[str, tuple[int, float]]:
         ret, n = row["retrieval"][t], self.n_model
         r, nodes, m = ret["accepted"], ret["nodes"], row["model_acc"][t]
-        lookup, draft = self.costs["lookup"], n * self.costs["step"]
+        lookup, draft = self.costs["lookup"], 0.0 if self.free_draft else n * self.costs["step"]
         fused = max(r, m)
         if self.extend and m == n and t + m < row["n_pos"] - 1:
             fused = max(fused, m + min(row["retrieval"][t + m]["accepted"], self.extend))
@@ -159,6 +167,44 @@ def oracle(options_at, n_pos: int) -> float:
     for t in range(n_pos - 2, -1, -1):
         best[t] = min(cost + best[min(t + acc + 1, n_pos - 1)] for acc, cost in options_at(t))
     return best[0]
+
+
+WHAT_IFS = {"flat verification": (True, False), "flat verification, drafting free": (True, True)}
+
+
+def what_if_rates(rows: list[dict], costs: dict, n_model: int, talon: dict) -> dict[str, dict[str, dict]]:
+    """Per `WHAT_IFS` cost model, per Spec-Bench group and "all": tokens/s of retrieval, model, always-both and the
+    oracle switch, mean accepted tokens a round of each fixed choice (`tau`), and both's and the oracle's ratio to
+    the better half."""
+    report = {}
+    for name, (flat_verify, free_draft) in WHAT_IFS.items():
+        rounds = RoundCosts(costs, n_model, talon, flat_verify, free_draft)
+        totals = defaultdict(lambda: defaultdict(float))
+        for row in rows:
+            n_pos = row["n_pos"]
+
+            def options(t, row=row, rounds=rounds):
+                return rounds.options(row, t)
+
+            for choice in ("retrieval", "model", "both"):
+                ms, n_rounds = replay(lambda t, choice=choice: [options(t)[choice]], n_pos, lambda o: o[0])
+                for key in (row["group"], "all"):
+                    totals[key][choice] += ms
+                    totals[key][choice + " rounds"] += n_rounds
+            ms = oracle(lambda t: list(options(t).values()), n_pos)
+            for key in (row["group"], "all"):
+                totals[key]["oracle"] += ms
+                totals[key]["tokens"] += n_pos - 1
+        report[name] = {}
+        for key, tot in totals.items():
+            rate = {c: tot["tokens"] / tot[c] * 1000 for c in ("retrieval", "model", "both", "oracle")}
+            better = max(rate["retrieval"], rate["model"])
+            tau = {c: tot["tokens"] / tot[c + " rounds"] - 1 for c in ("retrieval", "model", "both")}
+            report[name][key] = {**{k: round(v, 2) for k, v in rate.items()},
+                                 **{f"tau {k}": round(v, 2) for k, v in tau.items()},
+                                 "both_vs_better_half": round(rate["both"] / better, 3),
+                                 "oracle_vs_better_half": round(rate["oracle"] / better, 3)}  # fmt: skip
+    return report
 
 
 def arguments(per_category: int) -> argparse.ArgumentParser:
@@ -295,9 +341,20 @@ def main() -> None:
                        "best_rule_vs_better_half": round(rule_ratio, 3)}  # fmt: skip
         print(f"| {key} | {rate['retrieval']:.1f} | {rate['model']:.1f} | {rate['both']:.1f} | {rate['oracle']:.1f} | "
               f"{ratio:.3f} | {rule_ratio:.3f} |")  # fmt: skip
+    what_ifs = what_if_rates(rows, costs, n_model, talon)
+    for name, groups in what_ifs.items():
+        print(
+            f"\n{name}: | group | retrieval | model | always both | oracle | tau r / m / both | both / better half |"
+        )
+        for key, r in sorted(groups.items(), key=lambda kv: kv[0] == "all"):
+            print(f"| {key} | {r['retrieval']:.1f} | {r['model']:.1f} | {r['both']:.1f} | {r['oracle']:.1f} | "
+                  f"{r['tau retrieval']:.2f} / {r['tau model']:.2f} / {r['tau both']:.2f} | "
+                  f"{r['both_vs_better_half']:.3f} |")  # fmt: skip
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "costs": costs, "tokens_per_s": report}, f, indent=1)
+            json.dump(
+                {"args": vars(args), "costs": costs, "tokens_per_s": report, "what_if": what_ifs}, f, indent=1
+            )
 
 
 if __name__ == "__main__":
