@@ -169,7 +169,30 @@ def oracle(options_at, n_pos: int) -> float:
     return best[0]
 
 
+CHOICES = ("retrieval", "model", "both")
 WHAT_IFS = {"flat verification": (True, False), "flat verification, drafting free": (True, True)}
+
+
+def choice_totals(rows: list[dict], rounds: RoundCosts) -> defaultdict:
+    """Per Spec-Bench group and "all": ms and rounds of each fixed choice in `CHOICES` (keys `choice`,
+    `choice rounds`), ms of the oracle switch, and committed tokens."""
+    totals = defaultdict(lambda: defaultdict(float))
+    for row in rows:
+        n_pos = row["n_pos"]
+
+        def options(t, row=row):
+            return rounds.options(row, t)
+
+        for choice in CHOICES:
+            ms, n_rounds = replay(lambda t, choice=choice: [options(t)[choice]], n_pos, lambda o: o[0])
+            for key in (row["group"], "all"):
+                totals[key][choice] += ms
+                totals[key][choice + " rounds"] += n_rounds
+        ms = oracle(lambda t: list(options(t).values()), n_pos)
+        for key in (row["group"], "all"):
+            totals[key]["oracle"] += ms
+            totals[key]["tokens"] += n_pos - 1
+    return totals
 
 
 def what_if_rates(rows: list[dict], costs: dict, n_model: int, talon: dict) -> dict[str, dict[str, dict]]:
@@ -178,28 +201,12 @@ def what_if_rates(rows: list[dict], costs: dict, n_model: int, talon: dict) -> d
     the better half."""
     report = {}
     for name, (flat_verify, free_draft) in WHAT_IFS.items():
-        rounds = RoundCosts(costs, n_model, talon, flat_verify, free_draft)
-        totals = defaultdict(lambda: defaultdict(float))
-        for row in rows:
-            n_pos = row["n_pos"]
-
-            def options(t, row=row, rounds=rounds):
-                return rounds.options(row, t)
-
-            for choice in ("retrieval", "model", "both"):
-                ms, n_rounds = replay(lambda t, choice=choice: [options(t)[choice]], n_pos, lambda o: o[0])
-                for key in (row["group"], "all"):
-                    totals[key][choice] += ms
-                    totals[key][choice + " rounds"] += n_rounds
-            ms = oracle(lambda t: list(options(t).values()), n_pos)
-            for key in (row["group"], "all"):
-                totals[key]["oracle"] += ms
-                totals[key]["tokens"] += n_pos - 1
+        totals = choice_totals(rows, RoundCosts(costs, n_model, talon, flat_verify, free_draft))
         report[name] = {}
         for key, tot in totals.items():
             rate = {c: tot["tokens"] / tot[c] * 1000 for c in ("retrieval", "model", "both", "oracle")}
             better = max(rate["retrieval"], rate["model"])
-            tau = {c: tot["tokens"] / tot[c + " rounds"] - 1 for c in ("retrieval", "model", "both")}
+            tau = {c: tot["tokens"] / tot[c + " rounds"] - 1 for c in CHOICES}
             report[name][key] = {**{k: round(v, 2) for k, v in rate.items()},
                                  **{f"tau {k}": round(v, 2) for k, v in tau.items()},
                                  "both_vs_better_half": round(rate["both"] / better, 3),
@@ -250,7 +257,7 @@ def main() -> None:
     print(f"ms: lookup {lookup:.2f}, model draft {draft:.1f}, verify 1/3/9/17/25 nodes "
           f"{verify[1]:.1f}/{verify[3]:.1f}/{verify[9]:.1f}/{verify[17]:.1f}/{verify[25]:.1f}")  # fmt: skip
 
-    totals = defaultdict(lambda: defaultdict(float))
+    totals = choice_totals(rows, rounds)
     for row in rows:
         group, n_pos, model_acc, drafts, confidence, truth = (
             row[k] for k in ("group", "n_pos", "model_acc", "drafts", "confidence", "truth")
@@ -260,14 +267,6 @@ def main() -> None:
         def options(t, row=row):
             return rounds.options(row, t)
 
-        for name in ("retrieval", "model", "both"):
-            ms, _ = replay(lambda t, name=name: [options(t)[name]], n_pos, lambda o: o[0])
-            for key in (group, "all"):
-                totals[key][name] += ms
-        ms = oracle(lambda t: list(options(t).values()), n_pos)
-        for key in (group, "all"):
-            totals[key]["oracle"] += ms
-            totals[key]["tokens"] += n_pos - 1
         for pair in (("retrieval", "model"), ("retrieval", "both")):
             ms = oracle(lambda t, pair=pair: [options(t)[name] for name in pair], n_pos)
             for key in (group, "all"):
@@ -334,7 +333,9 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|")
     for key, tot in sorted(totals.items(), key=lambda kv: kv[0] == "all"):
-        rate = {k: tot["tokens"] / v * 1000 for k, v in tot.items() if k != "tokens"}  # tokens/s
+        rate = {
+            k: tot["tokens"] / v * 1000 for k, v in tot.items() if k != "tokens" and not k.endswith(" rounds")
+        }
         ratio = rate["oracle"] / max(rate["retrieval"], rate["model"])
         rule_ratio = rate[best_rule] / max(rate["retrieval"], rate["model"])
         report[key] = {**{k: round(v, 2) for k, v in rate.items()}, "oracle_vs_better_half": round(ratio, 3),
