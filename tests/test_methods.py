@@ -13,6 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import DynamicCache, WatermarkingConfig
+from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
 from hf_spec import SpeculativeDecoder, list_methods
 from hf_spec.heads.eagle import EagleHeadConfig, EagleHeadModel
@@ -21,7 +22,7 @@ from hf_spec.methods.draft_model.config import DraftModelConfig
 from hf_spec.methods.draft_model.drafter import DraftModelDrafter
 from hf_spec.methods.eagle import EagleConfig, EagleDrafter
 from hf_spec.methods.lyanna import LyannaConfig, LyannaDrafter
-from hf_spec.methods.pld.ngram_matcher import find_continuations
+from hf_spec.methods.pld.ngram_matcher import find_continuations, first_continuation
 from hf_spec.registry import get_method, parse_method
 from tests.conftest import CACHE, make_tiny_model, prompt_ids
 
@@ -202,6 +203,18 @@ def test_ngram_matcher_against_brute_force(tokens, max_ngram, min_ngram, length,
     min_ngram = min(min_ngram, max_ngram)
     got, _ = find_continuations(np.array(tokens), max_ngram, min_ngram, length, max_candidates)
     assert got == brute_continuations(tokens, max_ngram, min_ngram, length, max_candidates)
+
+
+@given(st.lists(st.integers(0, 4), min_size=1, max_size=40), st.integers(1, 4), st.integers(1, 6))
+@settings(max_examples=300, deadline=None)
+def test_first_continuation_equals_transformers_prompt_lookup(tokens, max_ngram, length):
+    """The candidate `prompt_lookup_num_tokens` would draft (transformers' own generator is the reference)."""
+    ids = torch.tensor([tokens])
+    generator = PromptLookupCandidateGenerator(
+        num_output_tokens=length, max_matching_ngram_size=max_ngram, max_length=10**6
+    )
+    candidate, _ = generator.get_candidates(ids)
+    assert first_continuation(np.array(tokens), max_ngram, length) == candidate[0, len(tokens) :].tolist()
 
 
 def test_early_exit_default_layer_is_three_quarters_of_depth(tiny_llama):

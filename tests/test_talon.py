@@ -12,6 +12,7 @@ from transformers import DynamicCache
 from hf_spec import SpeculativeDecoder
 from hf_spec.datastore import DatastoreRecipe, TokenIndex
 from hf_spec.datastore.store import save_datastore
+from hf_spec.methods.pld.ngram_matcher import first_continuation
 from hf_spec.methods.retrieval.config import RetrievalConfig
 from hf_spec.methods.retrieval.retriever import Retriever
 from hf_spec.methods.talon.config import TalonConfig
@@ -59,6 +60,7 @@ def test_greedy_equals_generate(tiny_model, store_dir, seed=1):
         RetrievalConfig(datastore_path=path),
         RetrievalConfig(datastore_path=path, search_context=False, max_nodes=24, strong_match=1),
         RetrievalConfig(datastore_path=path, long_match=4, long_draft_tokens=16, long_nodes=20),
+        RetrievalConfig(datastore_path=path, prompt_lookup=2, weak_nodes=2, max_nodes=10),
         talon(path),
         talon(path, adaptive=False),
         talon(path, mode="async", adaptive=False),
@@ -70,6 +72,7 @@ def test_greedy_equals_generate(tiny_model, store_dir, seed=1):
         talon(path, switch="best", extend_tokens=3, extend_min_match=2),
         talon(path, drafter="pld", extend_tokens=4, extend_min_match=1),
         talon(path, switch="best", explore_every=1, both_nodes=2),
+        talon(path, skip_match=4),
         TalonConfig(retrieval=None, drafter="early-exit:2"),
     ]
     for config in configs:
@@ -132,6 +135,59 @@ def test_long_matches_draft_deeper(tiny_llama, store_dir):
     assert int(deep.propose(context, max_depth=4)[0].depth.max()) == 4
     short, match = deep.propose(doc[20:25], max_depth=100)  # a 5-token context: at most a 5-token match
     assert match < 10 and int(short.depth.max()) <= 6
+
+
+def test_prompt_lookup_candidate_is_kept_whole(tiny_llama, store_dir):
+    """`prompt_lookup`: prompt lookup's candidate is one root path of every tree, whatever the datastore says; the
+    budget grows to its length + `prompt_lookup_extra`, never past `max_nodes`."""
+    path = tiny_datastore(tiny_llama, store_dir / "lookup", seeds=(51,), length=60)
+    settings = dict(datastore_path=path, num_draft_tokens=6, weak_nodes=2, max_nodes=9, strong_match=50)
+    plain = Retriever(RetrievalConfig(**settings), tiny_llama)
+    lookup = Retriever(RetrievalConfig(**settings, prompt_lookup=2, prompt_lookup_extra=2), tiny_llama)
+    rng = np.random.default_rng(0)
+    kept = 0
+    for _ in range(40):
+        context = rng.integers(0, 6, size=int(rng.integers(2, 30)))
+        chain = first_continuation(context, 2, 6)
+        tree, _ = lookup.propose(context, max_depth=100)
+        paths = {tuple(p) for p in tree_paths(tree)}
+        assert not chain or tuple(chain) in paths
+        assert len(tree) <= max(2, min(len(chain) + 2, 9))
+        assert len(plain.propose(context, max_depth=100)[0]) <= 2  # weak matches only: 2 nodes
+        kept += len(chain) > 0
+    assert kept > 20
+    capped, _ = lookup.propose(np.array([1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]), max_depth=100, max_nodes=4)
+    assert max(tree_paths(capped), key=len) == [3, 4, 5, 1] and len(capped) == 4  # Talon's cap holds
+
+
+def tree_paths(tree: DraftTree) -> list[list[int]]:
+    """Every root-to-node token path of `tree`, in node order."""
+    paths: list[list[int]] = []
+    for i, p in enumerate(tree.parents.tolist()):
+        paths.append((paths[p] if p >= 0 else []) + [int(tree.tokens[i])])
+    return paths
+
+
+def test_skip_match_leaves_the_model_out_of_long_matches_only(tiny_llama, store_dir):
+    """`switch: match`: the model drafts in exactly the rounds whose retrieval match is shorter than `skip_match`."""
+    path = tiny_datastore(tiny_llama, store_dir / "skip", seeds=(61,), length=60)
+    ids = prompt_ids(10, seed=61)
+    for skip in (1, 3, 100):
+        dec = SpeculativeDecoder(talon(path, skip_match=skip))
+        drafter = dec.drafter_for(tiny_llama)
+        matches: list[int] = []
+        propose = drafter.retriever.propose
+
+        def spy(*args, _propose=propose, matches=matches, **kw):
+            tree, match = _propose(*args, **kw)
+            matches.append(match)
+            return tree, match
+
+        drafter.retriever.propose = spy
+        tiny_llama.generate(ids, max_new_tokens=30, do_sample=False, custom_generate=dec)
+        assert drafter.rounds["model"] == sum(m < skip for m in matches)
+        if skip == 100:
+            assert drafter.rounds["model"] == len(matches) > 0
 
 
 def test_continuation_follows_the_context_and_the_draft(tiny_llama, store_dir):
@@ -320,13 +376,17 @@ def test_bad_configs_are_clear_errors(tiny_llama):
         SpeculativeDecoder(RetrievalConfig(datastore_path="/nonexistent/ds")).drafter_for(tiny_llama)
     with pytest.raises(ValueError, match="min_match"):
         RetrievalConfig(min_match=5, max_match=2)
+    with pytest.raises(ValueError, match="prompt_lookup and prompt_lookup_extra must be >= 0"):
+        RetrievalConfig(prompt_lookup=-1)
     with pytest.raises(ValueError, match="long_draft_tokens must be >= num_draft_tokens"):
         RetrievalConfig(long_match=8, long_draft_tokens=4)
     with pytest.raises(ValueError, match="switch must be 'match', 'cost' or 'best'"):
         TalonConfig(switch="learned")
     with pytest.raises(ValueError, match="extend_tokens needs the retrieval half"):
         TalonConfig(retrieval=None, drafter="early-exit:2", extend_tokens=2)
-    with pytest.raises(ValueError, match="both_nodes must be >= 0"):
+    with pytest.raises(ValueError, match="skip_match applies to adaptive switch 'match' only"):
+        TalonConfig(skip_match=8, switch="cost")
+    with pytest.raises(ValueError, match="both_nodes and skip_match must be >= 0"):
         TalonConfig(both_nodes=-1, switch="best")
     for bad, message in [
         (dict(draft_ahead=4), "apply to mode 'async' only"),

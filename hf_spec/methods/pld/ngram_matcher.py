@@ -38,3 +38,20 @@ def find_continuations(
             if len(found) >= max_candidates:
                 return found, best
     return found, best
+
+
+def first_continuation(tokens: np.ndarray, max_ngram: int, length: int) -> list[int]:
+    """Prompt lookup's candidate by transformers' rule (`PromptLookupCandidateGenerator`): the continuation of the
+    leftmost earlier occurrence of the context's last n-gram, n from `max_ngram` down to 1, cut to `length`
+    tokens and at the context's end; `[]` when nothing matches.
+
+    Example: tokens = [5 6 7 5 6 8 5 6], max_ngram=2, length=3 -> (5, 6) first occurs at 0 -> [7, 5, 6]
+    """
+    n_tokens = len(tokens)
+    for n in range(min(max_ngram, n_tokens - 1), 0, -1):
+        windows = sliding_window_view(tokens[:-1], n)  # windows ending before the last token
+        hits = np.flatnonzero((windows == tokens[-n:]).all(axis=1))
+        if len(hits):
+            start = int(hits[0]) + n
+            return tokens[start : start + length].tolist()
+    return []

@@ -30,6 +30,11 @@ class RetrievalConfig(MethodConfig):
         context_weight: weight of context matches against datastore matches in the trie frequencies.
         grow_online: add every finished prompt + answer to the datastore (kept in memory, across `generate`
             calls); off by default so benchmark prompts never leak into later drafts.
+        prompt_lookup: n > 0 puts prompt lookup's candidate (transformers' rule: what followed the leftmost
+            earlier occurrence of the context's last n-gram, n from `prompt_lookup` down to 1) into every tree
+            whole, so retrieval drafts at least what `prompt_lookup_num_tokens` would; 0: off.
+        prompt_lookup_extra: nodes kept for the other candidates beside that chain (the budget grows to the
+            chain's length + this, at most `max_nodes`).
     """
 
     method = "retrieval"
@@ -52,11 +57,17 @@ class RetrievalConfig(MethodConfig):
     search_context: bool = field(default=True, metadata={"help": "search the prompt + generated text too"})
     context_weight: float = field(default=2.0, metadata={"help": "weight of context matches"})
     grow_online: bool = field(default=False, metadata={"help": "add finished generations to the datastore"})
+    prompt_lookup: int = field(
+        default=0, metadata={"help": "always draft prompt lookup's n-gram candidate (0: off)"}
+    )
+    prompt_lookup_extra: int = field(default=6, metadata={"help": "nodes for other candidates beside it"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if min(self.num_draft_tokens, self.max_nodes, self.weak_nodes, self.long_match) < 0:
             raise ValueError("retrieval: num_draft_tokens, max_nodes, weak_nodes and long_match must be >= 0")
+        if min(self.prompt_lookup, self.prompt_lookup_extra) < 0:
+            raise ValueError("retrieval: prompt_lookup and prompt_lookup_extra must be >= 0")
         if self.long_match and (self.long_draft_tokens < self.num_draft_tokens or self.long_nodes < 1):
             raise ValueError(
                 "retrieval: long_draft_tokens must be >= num_draft_tokens and long_nodes >= 1 "

@@ -9,6 +9,7 @@ import numpy as np
 from hf_spec.datastore import Datastore, DatastoreRecipe, Matches, get_datastore, scan_search
 from hf_spec.datastore.index import SEP
 from hf_spec.datastore.store import tokenizer_id
+from hf_spec.methods.pld.ngram_matcher import first_continuation
 from hf_spec.methods.retrieval.config import RetrievalConfig
 from hf_spec.tree.buffers import DraftTree
 from hf_spec.tree.trie import retrieval_tree
@@ -85,7 +86,9 @@ class Retriever:
 
         The tree is `num_draft_tokens` deep with `max_nodes` (strong match) or `weak_nodes`; a match of
         `long_match` tokens or more earns `long_draft_tokens` and `long_nodes`. A `max_nodes` argument > 0 caps
-        the nodes of a tree that is not a long match's (the least frequent subtrees go first).
+        the nodes of a tree that is not a long match's (the least frequent subtrees go first). With
+        `prompt_lookup`, prompt lookup's candidate is kept whole and the budget grows to its length +
+        `prompt_lookup_extra` (at most `max_nodes`).
         """
         cfg = self.config
         depth = min(cfg.num_draft_tokens, max_depth)
@@ -93,10 +96,7 @@ class Retriever:
         if long_depth <= 0:
             return DraftTree.empty(), 0
         found = self.matches(context, long_depth)
-        if not found:
-            self.last_match = 0
-            return DraftTree.empty(), 0
-        longest = max(m.length for m, _ in found)
+        longest = max((m.length for m, _ in found), default=0)
         if cfg.long_match and longest >= cfg.long_match:
             budget, keep = cfg.long_nodes, long_depth
         else:
@@ -107,8 +107,16 @@ class Retriever:
             share = _shares(m, w)
             sequences.extend(m.sequences[:, :keep].tolist())
             weights.extend(share.tolist())
-        tree, _ = retrieval_tree(sequences, weights, budget)
+        lookup = first_continuation(context, cfg.prompt_lookup, keep) if cfg.prompt_lookup else []
+        if lookup:  # outweighs all the rest, so pruning keeps its whole chain first
+            sequences.append(lookup)
+            weights.append(sum(weights) + 1.0)
+            cap = min(cfg.max_nodes, max_nodes) if max_nodes > 0 else cfg.max_nodes
+            budget = max(budget, min(len(lookup) + cfg.prompt_lookup_extra, cap))
         self.last_match = longest
+        if not sequences:
+            return DraftTree.empty(), 0
+        tree, _ = retrieval_tree(sequences, weights, budget)
         return tree, longest
 
     def finish(self, tokens: np.ndarray) -> None:

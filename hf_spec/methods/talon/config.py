@@ -21,11 +21,13 @@ class TalonConfig(MethodConfig):
         mode: `sync` (draft, then verify) or `async` (the model drafts the next block while the target verifies,
             assuming its chain is accepted; the block is kept when the target agrees and dropped otherwise).
         adaptive: skip the model drafter in rounds where it does not pay, by the rule `switch` names.
-        switch: `match`: skip it when retrieval found a strong match (`retrieval.strong_match`); `cost`: skip it
+        switch: `match`: skip it when retrieval found a strong match (`skip_match`); `cost`: skip it
             when the tokens it adds do not pay for its measured draft time, given what retrieval alone got
             accepted at this match length (`switch.py`); `best`: per round, the draft with the most expected
             tokens per second among retrieval alone, the model alone and both (`CostAwareSwitch.choose`; pays
             where verifying nodes is dear, e.g. float32 targets).
+        skip_match: `match` switch: the match length from which retrieval drafts alone (0: `retrieval.strong_match`;
+            e.g. `retrieval.long_match` leaves the model out only where the context is being copied).
         explore_every: `cost`/`best` switch: after this many rounds in a row without the model, it runs once.
         switch_cost: `cost` switch: the model's draft time over the rest of a round, fixed (> 0) instead of
             measured (0).
@@ -58,6 +60,7 @@ class TalonConfig(MethodConfig):
         default=True, metadata={"help": "skip the model drafter on strong retrieval matches"}
     )
     switch: str = field(default="match", metadata={"help": "adaptive rule: match, cost or best"})
+    skip_match: int = field(default=0, metadata={"help": "match switch: match length that skips the model"})
     explore_every: int = field(default=4, metadata={"help": "cost switch: run the model after N skips"})
     switch_cost: float = field(default=0.0, metadata={"help": "cost switch: fixed c/T (0: measured)"})
     draft_ahead: int = field(default=0, metadata={"help": "tokens drafted ahead in async mode"})
@@ -94,8 +97,10 @@ class TalonConfig(MethodConfig):
             raise ValueError("talon: switch_cost applies to switch 'cost' or 'best', not 'match'")
         if self.extend_tokens < 0 or self.extend_min_match < 1:
             raise ValueError("talon: extend_tokens must be >= 0 and extend_min_match >= 1")
-        if self.both_nodes < 0:
-            raise ValueError("talon: both_nodes must be >= 0")
+        if self.both_nodes < 0 or self.skip_match < 0:
+            raise ValueError("talon: both_nodes and skip_match must be >= 0")
+        if self.skip_match and (self.switch != "match" or not self.adaptive):
+            raise ValueError("talon: skip_match applies to adaptive switch 'match' only")
         if self.extend_tokens and self.retrieval is None:
             raise ValueError("talon: extend_tokens needs the retrieval half (retrieval is null)")
         if self.mode not in ("sync", "async"):

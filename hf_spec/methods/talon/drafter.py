@@ -163,7 +163,7 @@ class TalonDrafter(Drafter):
             elif self.switch is not None:
                 use_model = self.switch.use_model(match)
             else:
-                use_model = match < self.retriever.config.strong_match
+                use_model = match < (self.config.skip_match or self.retriever.config.strong_match)
         ahead = self.worker is not None and self._chain_rate >= self.config.async_min_acceptance
         pre = None
         if use_model and not ahead and self._can_pre_verify(state, ret_tree):
