@@ -28,7 +28,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from hf_spec.kernels.grouped_attention import grouped_attention
 from hf_spec.kernels.screened_head import screened_lm_head, screening_applies
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
-from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
+from hf_spec.tree.buffers import DraftTree
 from hf_spec.verify.acceptance import Acceptance, accept_greedy, accept_sampling
 from hf_spec.verify.cache import (
     OUTPUT_CACHE_FIELD,
@@ -40,7 +40,8 @@ from hf_spec.verify.cache import (
     passed_cache,
 )
 from hf_spec.verify.compat import check_tree_verification
-from hf_spec.verify.windows import attention_windows, rewindable_cache, sequence_mask
+from hf_spec.verify.forward import verification_inputs
+from hf_spec.verify.windows import attention_windows, rewindable_cache
 
 
 @dataclass
@@ -230,17 +231,7 @@ def speculative_generate(
                 t1 = time.perf_counter()
 
                 past = state.seq_len - 1
-                verify_ids = torch.cat(
-                    [input_ids[:, -1:], tree.tokens.view(1, -1).to(device)], dim=1
-                )  # [root] + tree
-                if tree.is_chain:  # plain causal attention (an empty tree is a chain)
-                    position_ids = torch.arange(past, past + verify_ids.shape[1], device=device).unsqueeze(0)
-                    mask = None
-                else:
-                    position_ids = tree_position_ids(tree, past, device)
-                    mask = sequence_mask(
-                        model, tree_attention_mask(tree, past, model.dtype, device), position_ids
-                    )
+                verify_ids, position_ids, mask = verification_inputs(model, input_ids[:, -1:], tree, past)
                 # the stock full target forward, unless the drafter continues one it began (HiSpec)
                 with screened_lm_head(model, enabled=screen):
                     out = drafter.verify_forward(state, tree, verify_ids, position_ids, mask, want_hidden)

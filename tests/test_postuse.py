@@ -23,6 +23,8 @@ from hf_spec.methods.postuse.controller import CONTINUE, STOP
 from hf_spec.methods.stepwise import step_tree
 from hf_spec.registry import parse_method
 from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
+from hf_spec.verify.cache import cache_kwargs
+from hf_spec.verify.forward import flat_tree_budget, time_verifications
 from tests.conftest import CACHE, make_tiny_model, prompt_ids
 from tests.stats import sampled_marginals_pvalues
 from tests.test_sampling import V
@@ -326,6 +328,10 @@ def test_config_specs_and_errors(tiny_llama, tmp_path):
         PostUseDrafter(PostUseConfig(drafter="pld"), tiny_llama)
     with pytest.raises(ValueError, match="reward"):
         PostUseConfig(reward="speed")
+    with pytest.raises(ValueError, match="max_tree_nodes must be >= 0"):
+        PostUseConfig(max_tree_nodes=-1)
+    with pytest.raises(ValueError, match="auto_tree_tolerance"):
+        PostUseConfig(max_tree_nodes=0, auto_tree_tolerance=0.9)
     with pytest.raises(ValueError, match="not itself"):
         PostUseDrafter(PostUseConfig(drafter={"method": "postuse"}), tiny_llama)
     with pytest.raises(ValueError, match="cannot wrap hispec: it runs its own verification forward"):
@@ -344,6 +350,7 @@ CONFIGS = {  # max_draft_length is kept small: the default table continues (CONT
     "draft-reuse": dict(reuse_target=False, precut=False, draft_length=6),
     "target-reuse": dict(reuse_draft=False, precut=False, draft_length=2),
     "precut-only": dict(reuse_draft=False, reuse_target=False, warmup_rounds=2, max_draft_length=6),
+    "measured-tree": dict(max_draft_length=6, max_tree_nodes=0, auto_tree_max=9),
 }
 
 
@@ -373,6 +380,43 @@ def test_greedy_equals_generate_early_exit(tiny_model, name):
 @pytest.mark.parametrize("name", ["all", "fixed"])
 def test_greedy_equals_generate_draft_model(tiny_llama, name):
     _check_greedy(tiny_llama, _postuse("draft-model", tiny_llama, **CONFIGS[name]))
+
+
+def test_measured_tree_budget(tiny_llama):
+    """`max_tree_nodes: 0`: the first generation times verifications on its own cache (left as it was) and keeps a
+    budget in [1, auto_tree_max]; later generations reuse it; grafted trees stay within it."""
+    drafter = _postuse(
+        "early-exit", tiny_llama, max_tree_nodes=0, auto_tree_max=9, draft_length=2, precut=False
+    )
+    ids = prompt_ids(12, seed=4)
+    cache = DynamicCache(config=tiny_llama.config)
+    tiny_llama(ids[:, :-1], **cache_kwargs(tiny_llama, cache), use_cache=True)
+    before = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+    state = SpecState(tiny_llama, cache, ids, GenerationConfig(max_new_tokens=4))
+    costs = time_verifications(drafter, state, [1, 5, 9], repeats=1)
+    assert sorted(costs) == [1, 5, 9] and all(t > 0 for t in costs.values())
+    for (k, v), layer in zip(before, cache.layers, strict=True):
+        assert torch.equal(layer.keys, k) and torch.equal(layer.values, v)
+    decoder = SpeculativeDecoder(drafter)
+    ref = tiny_llama.generate(ids, max_new_tokens=30, do_sample=False)
+    assert torch.equal(
+        tiny_llama.generate(ids, max_new_tokens=30, do_sample=False, custom_generate=decoder), ref
+    )
+    budget, costs = drafter.tree_budget, drafter.verification_costs
+    assert 1 <= budget <= 9 and sorted(costs) == [1, 3, 5, 7, 9]
+    assert budget == flat_tree_budget(costs, drafter.config.auto_tree_tolerance)
+    grafted = drafter._graft_cached(DraftTree.chain([1, 2]), [0, 1, 2], [-1, 0, 1], max_depth=10)
+    assert len(grafted) <= max(budget, 2)
+    tiny_llama.generate(ids, max_new_tokens=10, do_sample=False, custom_generate=decoder)
+    assert drafter.verification_costs is costs  # measured once
+
+
+def test_flat_tree_budget_arithmetic():
+    assert flat_tree_budget({1: 34.0, 5: 38.0, 9: 42.0, 13: 46.0}, 1.15) == 6  # 1 ms a node on 33 ms
+    assert flat_tree_budget({1: 80.0, 4: 80.5, 7: 79.0, 10: 81.0, 13: 80.0}, 1.15) == 13  # flat
+    assert flat_tree_budget({1: 80.0, 7: 79.0, 13: 78.0}, 1.0) == 13  # falling: the largest
+    assert flat_tree_budget({1: 10.0, 13: 100.0}, 1.1) == 1  # steep: one node
+    assert flat_tree_budget({4: 1.0}, 1.1) == 4
 
 
 def test_reuse_pays_on_repetitive_text(tiny_llama):

@@ -73,6 +73,7 @@ def test_greedy_equals_generate(tiny_model, store_dir, seed=1):
         talon(path, drafter="pld", extend_tokens=4, extend_min_match=1),
         talon(path, switch="best", explore_every=1, both_nodes=2),
         talon(path, skip_match=4),
+        talon(path, adaptive=False, both_nodes=3),
         TalonConfig(retrieval=None, drafter="early-exit:2"),
     ]
     for config in configs:
@@ -188,6 +189,27 @@ def test_skip_match_leaves_the_model_out_of_long_matches_only(tiny_llama, store_
         assert drafter.rounds["model"] == sum(m < skip for m in matches)
         if skip == 100:
             assert drafter.rounds["model"] == len(matches) > 0
+
+
+def test_both_nodes_cuts_the_retrieval_tree_of_fused_rounds(tiny_llama, store_dir):
+    """`both_nodes`: a round that fuses both halves keeps at most that many retrieval nodes beside the model's."""
+    path = tiny_datastore(tiny_llama, store_dir / "both", seeds=(71,), length=60)
+    ids = prompt_ids(10, seed=71)
+    extra = {}
+    for both in (0, 2):
+        dec = SpeculativeDecoder(talon(path, adaptive=False, both_nodes=both))
+        drafter = dec.drafter_for(tiny_llama)
+        propose, added = drafter.propose, []
+
+        def spy(*args, _propose=propose, _drafter=drafter, added=added, **kw):
+            fused = _propose(*args, **kw)
+            added.append(len(fused) - len(_drafter._round.model_tree))
+            return fused
+
+        drafter.propose = spy
+        tiny_llama.generate(ids, max_new_tokens=30, do_sample=False, custom_generate=dec)
+        extra[both] = added
+    assert max(extra[2]) <= 2 < max(extra[0])
 
 
 def test_continuation_follows_the_context_and_the_draft(tiny_llama, store_dir):
@@ -393,7 +415,7 @@ def test_bad_configs_are_clear_errors(tiny_llama):
         (dict(mode="async", async_min_acceptance=2.0), r"async_min_acceptance must be in \[0, 1\]"),
         (dict(drafter="", mode="async"), "need the model drafter"),
         (dict(drafter="", extend_tokens=3), "need the model drafter"),
-        (dict(both_nodes=3), "both_nodes applies to switch 'best' only"),
+        (dict(both_nodes=3, drafter=""), "both_nodes needs both halves"),
         (dict(switch_cost=0.5), "not 'match'"),
         (dict(retrieval="foo"), "retrieval must be a settings object or null"),
     ]:

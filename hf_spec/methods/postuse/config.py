@@ -34,8 +34,12 @@ class PostUseConfig(MethodConfig):
         draft_phrases: W, cached phrases checked per draft forward.
         target_anchors: m, last draft tokens that get cached phrases at verification [3].
         target_phrases: cached phrases per anchor at verification.
-        max_tree_nodes: verification budget (draft + cached nodes); on a CPU a 17-token verification costs
-            ~1.5 one-token steps.
+        max_tree_nodes: verification budget (draft + cached nodes); 0: measured at the first generation, the
+            largest tree up to `auto_tree_max` nodes whose verification costs at most `auto_tree_tolerance` times
+            a one-node one (`hf_spec.verify.forward.flat_tree_budget`; 5 where the loop verifies no tree of ours:
+            batched rows, transformers' assisted loop): ~13 where verifying is flat (a Xeon
+            with AMX in bfloat16), ~6 where each node adds ~3% (AMD Zen 5).
+        auto_tree_max / auto_tree_tolerance: the largest tree measured, and the cost allowed over one node.
         admit_prompt: also admit the prompt's phrases at the start of a generation.
         keep_cache: keep the cache across `generate` calls (the paper's pool); False clears it per call.
         alpha / gamma / epsilon: Q-learning rate, discount and exploration [0.1, 0.99].
@@ -70,7 +74,13 @@ class PostUseConfig(MethodConfig):
     draft_phrases: int = field(default=4, metadata={"help": "W: phrases checked per draft forward"})
     target_anchors: int = field(default=3, metadata={"help": "m: last draft tokens given cached branches"})
     target_phrases: int = field(default=2, metadata={"help": "cached phrases per anchor at verification"})
-    max_tree_nodes: int = field(default=16, metadata={"help": "verification budget in tree nodes"})
+    max_tree_nodes: int = field(
+        default=16, metadata={"help": "verification budget in tree nodes (0: measured)"}
+    )
+    auto_tree_max: int = field(default=13, metadata={"help": "max_tree_nodes 0: largest tree measured"})
+    auto_tree_tolerance: float = field(
+        default=1.15, metadata={"help": "max_tree_nodes 0: cost allowed over a one-node verification"}
+    )
     admit_prompt: bool = field(default=False, metadata={"help": "admit the prompt's phrases"})
     keep_cache: bool = field(default=True, metadata={"help": "keep the cache across generate calls"})
     alpha: float = field(default=0.1, metadata={"help": "Q-learning rate"})
@@ -95,6 +105,11 @@ class PostUseConfig(MethodConfig):
         for name in ("draft_length", "max_draft_length", "phrase_length", "pool_size", "phrases_per_anchor"):
             if getattr(self, name) < 1:
                 raise ValueError(f"postuse {name} must be >= 1, got {getattr(self, name)}")
+        if self.max_tree_nodes < 0 or self.auto_tree_max < 1 or self.auto_tree_tolerance < 1.0:
+            raise ValueError(
+                "postuse: max_tree_nodes must be >= 0 (0: measured), auto_tree_max >= 1 and auto_tree_tolerance "
+                f">= 1.0; got {self.max_tree_nodes}, {self.auto_tree_max}, {self.auto_tree_tolerance}"
+            )
         if self.phrase_length < 2:
             raise ValueError("postuse phrase_length (beta) must be >= 2: a phrase is an anchor plus tokens")
         if not isinstance(self.drafter, str | dict):

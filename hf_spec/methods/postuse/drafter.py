@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -14,8 +15,14 @@ from hf_spec.methods.postuse.controller import PreCutController
 from hf_spec.methods.postuse.token_cache import TokenCache
 from hf_spec.methods.stepwise import DraftStep, StepwiseDrafter
 from hf_spec.tree.buffers import DraftTree
+from hf_spec.verify.forward import flat_tree_budget, time_verifications
+
+logger = logging.getLogger(__name__)
 
 EMA = 0.05  # smoothing of the measured draft-call and verification times
+UNMEASURED_TREE_NODES = (
+    5  # `max_tree_nodes: 0` where the loop verifies no tree of ours (batched rows, assisted)
+)
 
 
 @dataclass
@@ -109,9 +116,13 @@ class PostUseDrafter(Drafter):
         self._proposed_at = 0.0
         self._next_window = 0  # first committed position whose window is not final in the cache
         self._stats_at_begin: dict = {}
+        self.tree_budget = config.max_tree_nodes or None  # measured at the first `begin` when 0
+        self.verification_costs: dict[int, float] = {}  # {tree nodes: seconds} behind that measurement
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     def begin(self, state: SpecState) -> None:
+        if self.tree_budget is None and state.uses_verify_forward and state.cache is not None:
+            self._measure_tree_budget(state)
         self.inner.begin(state)
         self._stats_at_begin = self.stats.to_dict()
         self._round = None
@@ -125,6 +136,19 @@ class PostUseDrafter(Drafter):
 
     def end(self, state: SpecState) -> None:
         self.inner.end(state)
+
+    def _measure_tree_budget(self, state: SpecState) -> None:
+        """`max_tree_nodes: 0`: time verifications of 1 to `auto_tree_max` nodes on this prompt's cache and keep
+        the largest tree that costs about as much as one node (once per drafter)."""
+        cfg = self.config
+        sizes = sorted({round(1 + i * (cfg.auto_tree_max - 1) / 4) for i in range(5)})
+        self.verification_costs = time_verifications(self, state, sizes)
+        self.tree_budget = flat_tree_budget(self.verification_costs, cfg.auto_tree_tolerance)
+        logger.info(
+            "postuse: verification seconds by tree size %s -> max_tree_nodes %d",
+            {n: round(t, 4) for n, t in self.verification_costs.items()},
+            self.tree_budget,
+        )
 
     @property
     def counts(self) -> dict[str, float]:
@@ -244,7 +268,7 @@ class PostUseDrafter(Drafter):
                 continue
             for phrase in self.cache.lookup(path[depth], cfg.target_phrases):
                 grafts.append((nodes[depth], list(phrase[1 : 1 + room])))
-        tree, added = graft(tree, grafts, max(cfg.max_tree_nodes, len(tree)))
+        tree, added = graft(tree, grafts, max(self.tree_budget or UNMEASURED_TREE_NODES, len(tree)))
         self.stats.cache_nodes += added
         return tree
 

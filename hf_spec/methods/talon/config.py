@@ -46,8 +46,8 @@ class TalonConfig(MethodConfig):
             model starts a phrase the retrieval tree did not see coming; the datastore or the prompt may know how
             it goes on.
         extend_min_match: the extension's suffix match must be at least this long (it then spans drafted tokens).
-        both_nodes: `switch: best`, rounds that verify both halves: the retrieval tree is cut to this many nodes
-            (its least frequent subtrees first; long matches keep theirs), so the fused tree stays small (0: off).
+        both_nodes: rounds that verify both halves: the retrieval tree is cut to this many nodes (its least
+            frequent subtrees first; long matches keep theirs), so the fused tree stays small (0: off).
     """
 
     method = "talon"
@@ -75,7 +75,7 @@ class TalonConfig(MethodConfig):
 
     extend_tokens: int = field(default=0, metadata={"help": "retrieval tokens behind the model's path"})
     extend_min_match: int = field(default=3, metadata={"help": "suffix match length the extension needs"})
-    both_nodes: int = field(default=0, metadata={"help": "best switch: retrieval nodes when fused (0: all)"})
+    both_nodes: int = field(default=0, metadata={"help": "retrieval nodes in fused rounds (0: all)"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -91,8 +91,8 @@ class TalonConfig(MethodConfig):
             raise ValueError(
                 f"talon: async_min_acceptance must be in [0, 1], got {self.async_min_acceptance}"
             )
-        if self.both_nodes and self.switch != "best":
-            raise ValueError("talon: both_nodes applies to switch 'best' only")
+        if self.both_nodes and (self.retrieval is None or not self.drafter):
+            raise ValueError("talon: both_nodes needs both halves (retrieval and a model drafter)")
         if self.switch_cost and self.switch == "match":
             raise ValueError("talon: switch_cost applies to switch 'cost' or 'best', not 'match'")
         if self.extend_tokens < 0 or self.extend_min_match < 1:

@@ -158,12 +158,12 @@ class TalonDrafter(Drafter):
                 pick = self.switch.choose(match, len(ret_tree))
                 use_model = pick != "retrieval"
                 ret_tree = DraftTree.empty() if pick == "model" else ret_tree
-                if pick == "both" and 0 < self.config.both_nodes < len(ret_tree):
-                    ret_tree, _ = self.retriever.propose(ids, max_depth, max_nodes=self.config.both_nodes)
             elif self.switch is not None:
                 use_model = self.switch.use_model(match)
             else:
                 use_model = match < (self.config.skip_match or self.retriever.config.strong_match)
+        if use_model and 0 < self.config.both_nodes < len(ret_tree):  # fused: a smaller retrieval tree
+            ret_tree, _ = self.retriever.propose(ids, max_depth, max_nodes=self.config.both_nodes)
         ahead = self.worker is not None and self._chain_rate >= self.config.async_min_acceptance
         pre = None
         if use_model and not ahead and self._can_pre_verify(state, ret_tree):
