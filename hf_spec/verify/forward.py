@@ -41,8 +41,8 @@ def verification_inputs(
 def time_verifications(drafter, state, sizes: list[int], repeats: int = 3) -> dict[int, float]:
     """Seconds of one greedy verification forward of an `n`-node tree for each `n` in `sizes` (the minimum of
     `repeats` after one warm-up call), through `drafter.verify_forward` on the live cache behind the current
-    root; every block is cropped away again, so the state is left as it was. The tree is a chain of the root
-    token verified with a 4D tree mask, as the loop verifies a branching tree.
+    root; every block is cropped away again, so the state is left as it was. The trees repeat the root token and
+    branch (a 4D tree mask, as the loop verifies Post-use's grafted trees).
 
     Returns:
         `{n: seconds}`.
@@ -52,10 +52,10 @@ def time_verifications(drafter, state, sizes: list[int], repeats: int = 3) -> di
     screen = screening_applies(model, False, False, False)
     costs: dict[int, float] = {}
     for n in sizes:
-        tree = DraftTree(torch.full((n,), int(root[0, 0])), torch.arange(-1, n - 1))
-        ids = torch.cat([root, tree.tokens.view(1, -1).to(root.device)], dim=1)
-        positions = tree_position_ids(tree, past, root.device)
-        mask = sequence_mask(model, tree_attention_mask(tree, past, model.dtype, root.device), positions)
+        # a chain with its last node moved one level up: a branching tree (one node is a chain, as in the loop)
+        parents = list(range(-1, n - 2)) + [n - 3] if n > 1 else [-1]
+        tree = DraftTree(torch.full((n,), int(root[0, 0])), torch.tensor(parents))
+        ids, positions, mask = verification_inputs(model, root, tree, past)
         seconds = []
         for _ in range(repeats + 1):
             t0 = time.perf_counter()

@@ -20,9 +20,8 @@ from hf_spec.verify.forward import flat_tree_budget, time_verifications
 logger = logging.getLogger(__name__)
 
 EMA = 0.05  # smoothing of the measured draft-call and verification times
-UNMEASURED_TREE_NODES = (
-    5  # `max_tree_nodes: 0` where the loop verifies no tree of ours (batched rows, assisted)
-)
+# `max_tree_nodes: 0` where the loop verifies no tree of ours (batched rows, transformers' assisted loop)
+UNMEASURED_TREE_NODES = 5
 
 
 @dataclass
