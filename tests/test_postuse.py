@@ -411,6 +411,20 @@ def test_measured_tree_budget(tiny_llama):
     assert drafter.verification_costs is costs  # measured once
 
 
+def test_measured_budget_falls_back_in_transformers_loop(tiny_llama):
+    """transformers' assisted loop verifies chains itself: nothing is measured, the output is still the target's."""
+    from hf_spec.integrations import enable_assistant
+
+    ids = prompt_ids(12, seed=9)
+    ref = tiny_llama.generate(ids, max_new_tokens=20, do_sample=False)
+    decoder = SpeculativeDecoder(PostUseConfig(drafter="early-exit:2", max_tree_nodes=0, precut=False))
+    with enable_assistant(tiny_llama, loop="transformers"):
+        out = tiny_llama.generate(ids, max_new_tokens=20, do_sample=False, assistant_model=decoder)
+    assert torch.equal(out, ref)
+    drafter = decoder.drafter_for(tiny_llama)
+    assert drafter.tree_budget is None and not drafter.verification_costs
+
+
 def test_flat_tree_budget_arithmetic():
     assert flat_tree_budget({1: 34.0, 5: 38.0, 9: 42.0, 13: 46.0}, 1.15) == 6  # 1 ms a node on 33 ms
     assert flat_tree_budget({1: 80.0, 4: 80.5, 7: 79.0, 10: 81.0, 13: 80.0}, 1.15) == 13  # flat
