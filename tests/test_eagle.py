@@ -19,6 +19,7 @@ from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER, save_head_folder
 from hf_spec.methods.base import SpecState
 from hf_spec.methods.eagle import EagleConfig, EagleDrafter
 from hf_spec.methods.eagle.drafter import load_head
+from hf_spec.methods.head_drafter import causal_mask
 from hf_spec.methods.postuse import PostUseConfig, PostUseDrafter
 from hf_spec.training.features import FeatureStore, capture_features
 from hf_spec.training.responses import Conversation
@@ -320,6 +321,48 @@ def test_head_drafts_after_a_cached_prefix_and_across_turns(trained):
     )
     assert torch.equal(out, model.generate(turn2, max_new_tokens=30, do_sample=False))
     assert dec.last_stats.accepted_tokens > 0
+
+
+def test_max_catch_up_feeds_the_latest_positions_only(trained):
+    """`max_catch_up`: of a long prompt the head feeds only the latest positions; its drafts still get accepted
+    and the output is `generate`'s."""
+    model, head, _, _ = trained
+    ids = prompt_ids(20, seed=2)
+    ref = model.generate(ids, max_new_tokens=40, do_sample=False)
+    drafter = EagleDrafter(EagleConfig(depth=4, topk=3, total_tokens=10, max_catch_up=4), model, head=head)
+    fed: list[int] = []
+    catch_up = drafter.catch_up
+
+    def spy(state, step):
+        before = drafter.cache.get_seq_length()
+        h_root = catch_up(state, step)
+        fed.append(drafter.cache.get_seq_length() - before)
+        return h_root
+
+    drafter.catch_up = spy
+    dec = SpeculativeDecoder(drafter)
+    assert torch.equal(model.generate(ids, max_new_tokens=40, do_sample=False, custom_generate=dec), ref)
+    assert fed[0] == 4 and max(fed) <= 4 and dec.last_stats.accepted_tokens > 0
+    with pytest.raises(ValueError, match="max_catch_up must be >= 0"):
+        EagleConfig(max_catch_up=-1)
+
+
+def test_draft_steps_keep_absolute_positions_after_a_capped_catch_up(trained):
+    """Step-wise drafting after a catch-up that left positions out (`max_catch_up`, or a cached prefix) feeds its
+    tokens at their absolute positions: the chain row equals the head run by hand at the next position."""
+    model, head, _, _ = trained
+    ids = prompt_ids(16, seed=4)
+    drafter, state = EagleDrafter(EagleConfig(max_catch_up=5), model, head=head), _head_state(model, ids)
+    drafter.begin(state)
+    assert drafter.draft_start(state) and drafter.skipped == ids.shape[1] - 1 - 5
+    step = drafter.draft_step([int(ids[0, -1]), 7])
+    ref, ref_state = EagleDrafter(EagleConfig(max_catch_up=5), model, head=head), _head_state(model, ids)
+    ref.begin(ref_state)
+    with torch.no_grad():
+        h_root = ref.catch_up(ref_state, head)
+        position = torch.tensor([[ids.shape[1]]])  # the root sits at ids.shape[1] - 1
+        h = head(h_root.view(1, 1, -1), torch.tensor([[7]]), position, causal_mask(1, 5), ref.cache)[0, -1]
+        torch.testing.assert_close(step.chain, ref._full_logits(h[None])[0], atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("name", ["all", "precut-only"])

@@ -38,8 +38,10 @@ def tiny_datastore(model, folder, seeds=(11, 12, 13, 14), length=60) -> str:
     return str(folder)
 
 
-def talon(path: str, **kw) -> TalonConfig:
+def talon(path: str, lookup: int = 0, **kw) -> TalonConfig:
+    """A Talon config on the datastore at `path`; `lookup`: the retrieval half's `prompt_lookup`."""
     retrieval = {"datastore_path": path, "num_draft_tokens": 6, "max_nodes": 8, "weak_nodes": 4}
+    retrieval.update({"prompt_lookup": lookup} if lookup else {})
     return TalonConfig(retrieval=retrieval, **{"drafter": "early-exit:3", **kw})
 
 
@@ -74,6 +76,7 @@ def test_greedy_equals_generate(tiny_model, store_dir, seed=1):
         talon(path, switch="best", explore_every=1, both_nodes=2),
         talon(path, skip_match=4),
         talon(path, adaptive=False, both_nodes=3),
+        *[talon(path, lookup=2, adaptive=False, both_nodes=2, both_lookup=m) for m in ("whole", "auto")],
         TalonConfig(retrieval=None, drafter="early-exit:2"),
     ]
     for config in configs:
@@ -207,9 +210,54 @@ def test_both_nodes_cuts_the_retrieval_tree_of_fused_rounds(tiny_llama, store_di
             return fused
 
         drafter.propose = spy
+        searches = []
+        matches = drafter.retriever.matches
+        drafter.retriever.matches = lambda *a, _m=matches, _s=searches, **kw: _s.append(1) or _m(*a, **kw)
         tiny_llama.generate(ids, max_new_tokens=30, do_sample=False, custom_generate=dec)
         extra[both] = added
+        assert len(searches) <= len(added)  # the capped tree reuses its round's search
     assert max(extra[2]) <= 2 < max(extra[0])
+
+
+def test_lookup_whole_keeps_prompt_lookups_chain_beside_a_node_cap(tiny_llama):
+    """`lookup_whole`: a `max_nodes` argument caps the nodes beside prompt lookup's chain, not the chain; without it
+    the chain is cut with the rest."""
+    retriever = Retriever(RetrievalConfig(prompt_lookup=2, num_draft_tokens=8, max_nodes=16), tiny_llama)
+    context = np.array([5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 20, 5, 6])
+    chain = first_continuation(context, 2, 8)
+    assert chain == [7, 8, 9, 10, 11, 12, 13, 14]
+    whole, _ = retriever.propose(context, 8, max_nodes=2, lookup_whole=True)
+    assert chain in tree_paths(whole) and len(whole) <= len(chain) + 2
+    cut, _ = retriever.propose(context, 8, max_nodes=2)
+    assert len(cut) == 2 and cut.tokens.tolist() == chain[:2]
+
+
+def test_auto_lookup_keeps_the_chain_whole_once_it_is_being_accepted(tiny_llama, store_dir):
+    """`both_lookup: auto`: fused rounds keep prompt lookup's chain whole only once this generation's mean accepted
+    chain length reaches `auto_lookup` (a repetitive prompt: the tiny model's output loops); each generation starts
+    over."""
+    path = tiny_datastore(tiny_llama, store_dir / "auto", seeds=(91,), length=40)
+    ids = prompt_ids(12, seed=91)
+    for threshold, expect_whole in ((0.0, True), (1000.0, False)):
+        config = talon(
+            path, lookup=2, adaptive=False, both_nodes=2, both_lookup="auto", auto_lookup=threshold
+        )
+        dec = SpeculativeDecoder(config)
+        drafter = dec.drafter_for(tiny_llama)
+        calls: list[tuple[bool, int]] = []
+        propose = drafter.retriever.propose
+
+        def spy(*args, _propose=propose, calls=calls, _drafter=drafter, **kw):
+            if "lookup_whole" in kw:
+                calls.append((kw["lookup_whole"], _drafter.lookup_accepted.count))
+            return _propose(*args, **kw)
+
+        drafter.retriever.propose = spy
+        for _ in range(2):
+            tiny_llama.generate(ids, max_new_tokens=30, do_sample=False, custom_generate=dec)
+            assert 0 < drafter.lookup_accepted.count < 30
+        assert calls and all(whole == (expect_whole and seen > 0) for whole, seen in calls)
+        assert any(seen == 0 for _, seen in calls[1:])  # the second generation started over
 
 
 def test_continuation_follows_the_context_and_the_draft(tiny_llama, store_dir):
@@ -408,6 +456,10 @@ def test_bad_configs_are_clear_errors(tiny_llama):
         TalonConfig(retrieval=None, drafter="early-exit:2", extend_tokens=2)
     with pytest.raises(ValueError, match="skip_match applies to adaptive switch 'match' only"):
         TalonConfig(skip_match=8, switch="cost")
+    with pytest.raises(ValueError, match="both_lookup must be 'cut', 'whole' or 'auto'"):
+        TalonConfig(both_nodes=3, both_lookup="all")
+    with pytest.raises(ValueError, match="both_lookup needs both_nodes and retrieval.prompt_lookup"):
+        TalonConfig(both_nodes=3, both_lookup="whole")
     with pytest.raises(ValueError, match="both_nodes and skip_match must be >= 0"):
         TalonConfig(both_nodes=-1, switch="best")
     for bad, message in [
@@ -416,6 +468,7 @@ def test_bad_configs_are_clear_errors(tiny_llama):
         (dict(drafter="", mode="async"), "need the model drafter"),
         (dict(drafter="", extend_tokens=3), "need the model drafter"),
         (dict(both_nodes=3, drafter=""), "both_nodes needs both halves"),
+        (dict(auto_lookup=-1.0), "auto_lookup must be >= 0"),
         (dict(switch_cost=0.5), "not 'match'"),
         (dict(retrieval="foo"), "retrieval must be a settings object or null"),
     ]:

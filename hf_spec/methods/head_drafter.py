@@ -112,7 +112,8 @@ class HeadDrafter(Drafter):
         self.layer_config = getattr(attention, "config", None) if family_ok else None
         self.cache = DynamicCache()
         self.pending_features: list[torch.Tensor] = []  # [n, H] chunks
-        self.skipped = 0  # prompt positions before the head's first (cached before this call: no features)
+        # positions the head's cache lacks: cached before this call (no features) or dropped by `max_catch_up`
+        self.skipped = 0
 
     @contextlib.contextmanager
     def fast_head(self) -> Iterator[None]:
@@ -170,6 +171,11 @@ class HeadDrafter(Drafter):
                 f"{self.config.method} head cache out of step: holds {past} positions after {self.skipped} "
                 f"skipped, next is {first}"
             )
+        limit = getattr(self.config, "max_catch_up", 0)
+        if limit and features.shape[0] > limit:  # the older ones never enter the head's cache
+            dropped = features.shape[0] - limit
+            features, first = features[dropped:], first + dropped
+            self.skipped += dropped
         ids = state.input_ids[:, first:]
         positions = torch.arange(first, state.seq_len, device=self.device).view(1, -1)
         return first_step(

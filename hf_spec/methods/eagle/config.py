@@ -21,6 +21,9 @@ class EagleConfig(MethodConfig):
             tokens; 0 = all): a smaller LM-head read per level, fewer tokens draftable.
         quantize: draft with packed `int8` or `int4` copies of the head's weights (CPU; `""`: as loaded): the
             head's cost here is reading its weights, and verification keeps the output exact either way.
+        max_catch_up: when more committed positions wait for the head than this (a long prompt, or rounds a
+            hybrid drafted without it), it feeds only the latest this many; the older ones never enter its
+            cache (their absolute positions stay as they were). 0: all. Bounds the head's catch-up cost.
     """
 
     method: ClassVar[str] = "eagle"
@@ -34,13 +37,16 @@ class EagleConfig(MethodConfig):
         default=0, metadata={"help": "draft from the N most frequent draft tokens (0: all)"}
     )
     quantize: str = field(default="", metadata={"help": "draft weights: '', int8 or int4"})
+    max_catch_up: int = field(
+        default=0, metadata={"help": "positions the head feeds at most when it catches up (0: all)"}
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.depth < 1 or self.topk < 1 or self.total_tokens < 1:
             raise ValueError("eagle: depth, topk and total_tokens must be >= 1")
-        if self.vocab_limit < 0:
-            raise ValueError("eagle: vocab_limit must be >= 0")
+        if self.vocab_limit < 0 or self.max_catch_up < 0:
+            raise ValueError("eagle: vocab_limit and max_catch_up must be >= 0")
         if self.quantize and self.quantize not in SCHEMES:
             raise ValueError(f"eagle: quantize must be '', 'int8' or 'int4', got {self.quantize!r}")
 

@@ -72,8 +72,9 @@ class EagleStepper(StepwiseDrafter):
     # ---- internals ------------------------------------------------------------------------------------
     def _feed_one(self, h_prev: torch.Tensor, token: int) -> torch.Tensor:
         """Append chain token `token` at the next position; returns its head state `(H,)`."""
-        past = self._chain_len  # head cache slot i holds position i + 1 (position 0 has no feature)
-        ids, pos = torch.tensor([[token]], device=self.device), torch.tensor([[past + 1]], device=self.device)
+        past = self._chain_len  # the next slot holds position skipped + slot + 1 (position 0 has no feature)
+        ids = torch.tensor([[token]], device=self.device)
+        pos = torch.tensor([[self.skipped + past + 1]], device=self.device)
         mask = causal_mask(1, past, self.dtype, self.device)
         h = self.head(h_prev.view(1, 1, -1), ids, pos, mask, self.cache)[0, -1]
         self._chain_len += 1
@@ -97,7 +98,8 @@ class EagleStepper(StepwiseDrafter):
                 None
             ]
             ids = torch.tensor([[branches[b][level] for b in rows]], device=self.device)
-            positions = torch.full((1, len(rows)), self._chain_len + 1 + level, device=self.device)
+            position = self.skipped + self._chain_len + 1 + level
+            positions = torch.full((1, len(rows)), position, device=self.device)
             states = self.head(features, ids, positions, mask, self.cache)[0]
             for r, b in enumerate(rows):
                 self._branch_slots[b].append(past + r)

@@ -43,6 +43,8 @@ class Retriever:
                 _LOADED[key] = self.datastore
         _check_vocabulary(self.datastore, model)
         self.last_match = 0  # longest match length of the latest search
+        self.last_lookup: list[int] = []  # prompt lookup's chain of the latest search
+        self._searched: tuple[tuple, list] | None = None  # (context, depth) and matches of the last search
 
     def matches(
         self, context: np.ndarray, depth: int, text: np.ndarray | None = None
@@ -81,21 +83,28 @@ class Retriever:
                 best, best_weight = [int(t) for t in row[row != SEP]], float(share[i])
         return best
 
-    def propose(self, context: np.ndarray, max_depth: int, max_nodes: int = 0) -> tuple[DraftTree, int]:
+    def propose(
+        self, context: np.ndarray, max_depth: int, max_nodes: int = 0, lookup_whole: bool = False
+    ) -> tuple[DraftTree, int]:
         """A retrieval tree of at most `max_depth` levels for `context` `(seq_len,)` and the longest match length.
 
         The tree is `num_draft_tokens` deep with `max_nodes` (strong match) or `weak_nodes`; a match of
         `long_match` tokens or more earns `long_draft_tokens` and `long_nodes`. A `max_nodes` argument > 0 caps
         the nodes of a tree that is not a long match's (the least frequent subtrees go first). With
         `prompt_lookup`, prompt lookup's candidate is kept whole and the budget grows to its length +
-        `prompt_lookup_extra` (at most `max_nodes`).
+        `prompt_lookup_extra` (at most `max_nodes`); with `lookup_whole` a `max_nodes` argument caps only the
+        nodes beside that chain (the config's `max_nodes` caps all). The chain is kept in `last_lookup`.
         """
         cfg = self.config
+        self.last_lookup = []
         depth = min(cfg.num_draft_tokens, max_depth)
         long_depth = min(cfg.long_draft_tokens, max_depth) if cfg.long_match else depth
         if long_depth <= 0:
             return DraftTree.empty(), 0
-        found = self.matches(context, long_depth)
+        key = (context.tobytes(), long_depth)  # Talon asks again with a node cap: search once
+        if self._searched is None or self._searched[0] != key:
+            self._searched = (key, self.matches(context, long_depth))
+        found = self._searched[1]
         longest = max((m.length for m, _ in found), default=0)
         if cfg.long_match and longest >= cfg.long_match:
             budget, keep = cfg.long_nodes, long_depth
@@ -111,9 +120,12 @@ class Retriever:
         if lookup:  # outweighs all the rest, so pruning keeps its whole chain first
             sequences.append(lookup)
             weights.append(sum(weights) + 1.0)
-            cap = min(cfg.max_nodes, max_nodes) if max_nodes > 0 else cfg.max_nodes
-            budget = max(budget, min(len(lookup) + cfg.prompt_lookup_extra, cap))
-        self.last_match = longest
+            if max_nodes > 0 and lookup_whole:
+                budget = min(len(lookup) + max_nodes, cfg.max_nodes)
+            else:
+                cap = min(cfg.max_nodes, max_nodes) if max_nodes > 0 else cfg.max_nodes
+                budget = max(budget, min(len(lookup) + cfg.prompt_lookup_extra, cap))
+        self.last_match, self.last_lookup = longest, lookup
         if not sequences:
             return DraftTree.empty(), 0
         tree, _ = retrieval_tree(sequences, weights, budget)
@@ -122,6 +134,7 @@ class Retriever:
     def finish(self, tokens: np.ndarray) -> None:
         if self.config.grow_online:
             self.datastore.add(tokens)
+            self._searched = None  # the datastore changed
 
 
 def _shares(m: Matches, weight: float) -> np.ndarray:

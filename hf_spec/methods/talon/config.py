@@ -48,6 +48,11 @@ class TalonConfig(MethodConfig):
         extend_min_match: the extension's suffix match must be at least this long (it then spans drafted tokens).
         both_nodes: rounds that verify both halves: the retrieval tree is cut to this many nodes (its least
             frequent subtrees first; long matches keep theirs), so the fused tree stays small (0: off).
+        both_lookup: with `both_nodes`, what happens to prompt lookup's chain (`retrieval.prompt_lookup`) in those
+            rounds: `cut` with the rest; `whole`: kept whole, `both_nodes` other nodes beside it; `auto`: whole
+            while the chain's mean accepted length over this generation's rounds is at least `auto_lookup` (the
+            output copies the prompt: a summary, a RAG answer), else cut.
+        auto_lookup: `both_lookup: auto`'s threshold (tokens).
     """
 
     method = "talon"
@@ -76,6 +81,10 @@ class TalonConfig(MethodConfig):
     extend_tokens: int = field(default=0, metadata={"help": "retrieval tokens behind the model's path"})
     extend_min_match: int = field(default=3, metadata={"help": "suffix match length the extension needs"})
     both_nodes: int = field(default=0, metadata={"help": "retrieval nodes in fused rounds (0: all)"})
+    both_lookup: str = field(
+        default="cut", metadata={"help": "prompt lookup's chain in fused rounds: cut, whole or auto"}
+    )
+    auto_lookup: float = field(default=3.0, metadata={"help": "both_lookup auto: mean accepted chain length"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -97,6 +106,12 @@ class TalonConfig(MethodConfig):
             raise ValueError("talon: switch_cost applies to switch 'cost' or 'best', not 'match'")
         if self.extend_tokens < 0 or self.extend_min_match < 1:
             raise ValueError("talon: extend_tokens must be >= 0 and extend_min_match >= 1")
+        if self.both_lookup not in ("cut", "whole", "auto"):
+            raise ValueError(f"talon: both_lookup must be 'cut', 'whole' or 'auto', got {self.both_lookup!r}")
+        if self.auto_lookup < 0:
+            raise ValueError("talon: auto_lookup must be >= 0")
+        if self.both_lookup != "cut" and not (self.both_nodes and self.retrieval.get("prompt_lookup")):
+            raise ValueError("talon: both_lookup needs both_nodes and retrieval.prompt_lookup")
         if self.both_nodes < 0 or self.skip_match < 0:
             raise ValueError("talon: both_nodes and skip_match must be >= 0")
         if self.skip_match and (self.switch != "match" or not self.adaptive):

@@ -16,7 +16,7 @@ from hf_spec.methods.talon.chain import ExitChain
 from hf_spec.methods.talon.config import TalonConfig
 from hf_spec.methods.talon.overlap import DraftWorker
 from hf_spec.methods.talon.preverify import PreVerified, finish_verification, pre_verify
-from hf_spec.methods.talon.switch import CostAwareSwitch
+from hf_spec.methods.talon.switch import CostAwareSwitch, RunningMean
 from hf_spec.registry import get_method, parse_method
 from hf_spec.tree.buffers import DraftTree
 from hf_spec.tree.fusion import fuse_trees, fused_path, matched_depth
@@ -99,6 +99,7 @@ class TalonDrafter(Drafter):
             if config.switch in ("cost", "best")
             else None
         )
+        self.lookup_accepted = RunningMean()  # prompt lookup's chain: tokens accepted, this generation
         self.rounds = {
             "model": 0,
             "model_only": 0,
@@ -127,6 +128,7 @@ class TalonDrafter(Drafter):
         self._pre = None
         if self.switch is not None:
             self.switch.new_generation()
+        self.lookup_accepted = RunningMean()
 
     def end(self, state: SpecState) -> None:
         try:
@@ -162,8 +164,14 @@ class TalonDrafter(Drafter):
                 use_model = self.switch.use_model(match)
             else:
                 use_model = match < (self.config.skip_match or self.retriever.config.strong_match)
-        if use_model and 0 < self.config.both_nodes < len(ret_tree):  # fused: a smaller retrieval tree
-            ret_tree, _ = self.retriever.propose(ids, max_depth, max_nodes=self.config.both_nodes)
+        both = self.config.both_nodes
+        if use_model and 0 < both < len(ret_tree):  # fused: a smaller retrieval tree
+            whole = self.config.both_lookup == "whole" or (
+                self.config.both_lookup == "auto"
+                and self.lookup_accepted.count > 0
+                and self.lookup_accepted.value >= self.config.auto_lookup
+            )
+            ret_tree, _ = self.retriever.propose(ids, max_depth, max_nodes=both, lookup_whole=whole)
         ahead = self.worker is not None and self._chain_rate >= self.config.async_min_acceptance
         pre = None
         if use_model and not ahead and self._can_pre_verify(state, ret_tree):
@@ -269,6 +277,9 @@ class TalonDrafter(Drafter):
         model_tree, model_map, ret_map, match, used_model, retrieved = self._round or no_round
         used_retrieval = len(ret_map) > 0
         accepted = fused_path(model_map, result.accepted)
+        lookup = self.retriever.last_lookup if self.retriever is not None else []
+        if lookup:  # how far the chain went, whether or not this round verified it whole
+            self.lookup_accepted.add(matched_depth(DraftTree.chain(lookup), result.new_tokens), min_rate=0.25)
         if self.switch is not None and self.retriever is not None:
             censored = False
             if used_retrieval or not len(retrieved):

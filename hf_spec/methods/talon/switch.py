@@ -47,7 +47,7 @@ from hf_spec.kernels.screened_head import max_screened_rows
 
 
 @dataclass
-class _RunningMean:
+class RunningMean:
     value: float = 0.0
     count: int = 0
 
@@ -78,16 +78,16 @@ class CostAwareSwitch:
         self.step_nodes = max_screened_rows() - 1 if step_nodes is None else step_nodes
         self.explore_every = explore_every
         self.cost_ratio = cost_ratio
-        self.retrieval_accepted = [_RunningMean() for _ in range(max_bucket + 1)]
-        self.model_gain = _RunningMean()
-        self.model_seconds = _RunningMean()
-        self.rest_seconds = _RunningMean()  # a round's time without the model's drafting
-        self.model_nodes = _RunningMean()  # nodes the model adds to the verified tree
-        self.model_accepted = _RunningMean()  # M: tokens the model tree alone gets accepted
-        self.model_size = _RunningMean()  # nodes of the model tree
+        self.retrieval_accepted = [RunningMean() for _ in range(max_bucket + 1)]
+        self.model_gain = RunningMean()
+        self.model_seconds = RunningMean()
+        self.rest_seconds = RunningMean()  # a round's time without the model's drafting
+        self.model_nodes = RunningMean()  # nodes the model adds to the verified tree
+        self.model_accepted = RunningMean()  # M: tokens the model tree alone gets accepted
+        self.model_size = RunningMean()  # nodes of the model tree
         # running moments of (verified nodes n, step z = [n > step_nodes], rest of the round t) for the fit
-        self._n, self._t, self._nn, self._nt = _RunningMean(), _RunningMean(), _RunningMean(), _RunningMean()
-        self._z, self._zz, self._nz, self._zt = _RunningMean(), _RunningMean(), _RunningMean(), _RunningMean()
+        self._n, self._t, self._nn, self._nt = RunningMean(), RunningMean(), RunningMean(), RunningMean()
+        self._z, self._zz, self._nz, self._zt = RunningMean(), RunningMean(), RunningMean(), RunningMean()
         self.skipped = 0  # rounds skipped in a row
         self.censored = [False] * (max_bucket + 1)  # the bucket's last dropped retrieval tree was censored
         self.new_generation()
@@ -239,4 +239,4 @@ class CostAwareSwitch:
                 self.model_size.add(model_size)
 
 
-__all__ = ["CostAwareSwitch"]
+__all__ = ["CostAwareSwitch", "RunningMean"]
