@@ -260,6 +260,32 @@ def test_auto_lookup_keeps_the_chain_whole_once_it_is_being_accepted(tiny_llama,
         assert any(seen == 0 for _, seen in calls[1:])  # the second generation started over
 
 
+def test_skip_lookup_leaves_the_model_out_while_the_output_copies(tiny_llama, store_dir):
+    """`skip_lookup`: the model drafts exactly in the rounds before which this generation's mean accepted length of
+    prompt lookup's chain is below the threshold (the tiny model's looping output makes it long)."""
+    path = tiny_datastore(tiny_llama, store_dir / "skip_lookup", seeds=(92,), length=40)
+    ids = prompt_ids(12, seed=92)
+    ref = tiny_llama.generate(ids, max_new_tokens=40, do_sample=False)
+    for threshold in (0.5, 1000.0):
+        dec = SpeculativeDecoder(talon(path, lookup=2, skip_match=100, skip_lookup=threshold))
+        drafter = dec.drafter_for(tiny_llama)
+        seen: list[tuple[bool, bool]] = []  # (copying before the round, the model ran)
+        propose = drafter.propose
+
+        def spy(*args, _propose=propose, _drafter=drafter, seen=seen, _at=threshold, **kw):
+            mean = _drafter.lookup_accepted
+            copying = mean.count > 0 and mean.value >= _at
+            fused = _propose(*args, **kw)
+            seen.append((copying, _drafter._round.used_model))
+            return fused
+
+        drafter.propose = spy
+        out = tiny_llama.generate(ids, max_new_tokens=40, do_sample=False, custom_generate=dec)
+        assert torch.equal(out, ref)
+        assert all(ran != copying for copying, ran in seen)
+        assert any(copying for copying, _ in seen) == (threshold < 1000)
+
+
 def test_continuation_follows_the_context_and_the_draft(tiny_llama, store_dir):
     """`Retriever.continuation`: the datastore's continuation of (context + drafted tokens), matched over at least
     `min_match` tokens; the drafted tokens are searched for, never searched in."""
@@ -454,8 +480,10 @@ def test_bad_configs_are_clear_errors(tiny_llama):
         TalonConfig(switch="learned")
     with pytest.raises(ValueError, match="extend_tokens needs the retrieval half"):
         TalonConfig(retrieval=None, drafter="early-exit:2", extend_tokens=2)
-    with pytest.raises(ValueError, match="skip_match applies to adaptive switch 'match' only"):
+    with pytest.raises(ValueError, match="skip_match and skip_lookup apply to adaptive switch 'match' only"):
         TalonConfig(skip_match=8, switch="cost")
+    with pytest.raises(ValueError, match="skip_lookup must be >= 0 and needs retrieval.prompt_lookup"):
+        TalonConfig(skip_lookup=3.0)
     with pytest.raises(ValueError, match="both_lookup must be 'cut', 'whole' or 'auto'"):
         TalonConfig(both_nodes=3, both_lookup="all")
     with pytest.raises(ValueError, match="both_lookup needs both_nodes and retrieval.prompt_lookup"):

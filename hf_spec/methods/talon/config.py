@@ -28,6 +28,9 @@ class TalonConfig(MethodConfig):
             where verifying nodes is dear, e.g. float32 targets).
         skip_match: `match` switch: the match length from which retrieval drafts alone (0: `retrieval.strong_match`;
             e.g. `retrieval.long_match` leaves the model out only where the context is being copied).
+        skip_lookup: `match` switch: also leave the model out while this generation's mean accepted length of
+            prompt lookup's chain (`retrieval.prompt_lookup`) is at least this many tokens: the output copies the
+            prompt, and retrieval's full tree drafts the copy (0: off).
         explore_every: `cost`/`best` switch: after this many rounds in a row without the model, it runs once.
         switch_cost: `cost` switch: the model's draft time over the rest of a round, fixed (> 0) instead of
             measured (0).
@@ -66,6 +69,7 @@ class TalonConfig(MethodConfig):
     )
     switch: str = field(default="match", metadata={"help": "adaptive rule: match, cost or best"})
     skip_match: int = field(default=0, metadata={"help": "match switch: match length that skips the model"})
+    skip_lookup: float = field(default=0.0, metadata={"help": "match switch: lookup acceptance that skips"})
     explore_every: int = field(default=4, metadata={"help": "cost switch: run the model after N skips"})
     switch_cost: float = field(default=0.0, metadata={"help": "cost switch: fixed c/T (0: measured)"})
     draft_ahead: int = field(default=0, metadata={"help": "tokens drafted ahead in async mode"})
@@ -114,8 +118,10 @@ class TalonConfig(MethodConfig):
             raise ValueError("talon: both_lookup needs both_nodes and retrieval.prompt_lookup")
         if self.both_nodes < 0 or self.skip_match < 0:
             raise ValueError("talon: both_nodes and skip_match must be >= 0")
-        if self.skip_match and (self.switch != "match" or not self.adaptive):
-            raise ValueError("talon: skip_match applies to adaptive switch 'match' only")
+        if (self.skip_match or self.skip_lookup) and (self.switch != "match" or not self.adaptive):
+            raise ValueError("talon: skip_match and skip_lookup apply to adaptive switch 'match' only")
+        if self.skip_lookup < 0 or (self.skip_lookup and not (self.retrieval or {}).get("prompt_lookup")):
+            raise ValueError("talon: skip_lookup must be >= 0 and needs retrieval.prompt_lookup")
         if self.extend_tokens and self.retrieval is None:
             raise ValueError("talon: extend_tokens needs the retrieval half (retrieval is null)")
         if self.mode not in ("sync", "async"):

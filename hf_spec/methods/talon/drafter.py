@@ -164,6 +164,8 @@ class TalonDrafter(Drafter):
                 use_model = self.switch.use_model(match)
             else:
                 use_model = match < (self.config.skip_match or self.retriever.config.strong_match)
+                copying = self.lookup_accepted.count and self.lookup_accepted.value >= self.config.skip_lookup
+                use_model = use_model and not (self.config.skip_lookup and copying)
         both = self.config.both_nodes
         if use_model and 0 < both < len(ret_tree):  # fused: a smaller retrieval tree
             whole = self.config.both_lookup == "whole" or (
