@@ -18,19 +18,30 @@ from hf_spec.bench.runner import encode_chat, load_prompts
 from hf_spec.models import load_model
 
 
-def main() -> None:
+def prompt_arguments(description: str, limit: int) -> argparse.ArgumentParser:
+    """The options of a per-prompt measurement: target, prompts file, how many prompts, dtype, torch threads."""
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--target", default="qwen2.5-coder-0.5b-instruct")
-    parser.add_argument("--config", required=True, help="a postuse config with max_tree_nodes 0")
     parser.add_argument("--prompts", required=True)
-    parser.add_argument("--limit", type=int, default=4)
+    parser.add_argument("--limit", type=int, default=limit)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+    return parser
+
+
+def load_target(args: argparse.Namespace):
+    """`(model, tokenizer)` of `prompt_arguments`' target, dtype and threads."""
     torch.set_num_threads(args.threads)
-    model, tok = load_model(args.target, dtype=getattr(torch, args.dtype))
+    return load_model(args.target, dtype=getattr(torch, args.dtype))
+
+
+def main() -> None:
+    parser = prompt_arguments(__doc__, limit=4)
+    parser.add_argument("--config", required=True, help="a postuse config with max_tree_nodes 0")
+    args = parser.parse_args()
+    model, tok = load_target(args)
     for p in load_prompts(args.prompts)[: args.limit]:
         decoder = SpeculativeDecoder(
             f"postuse:{args.config}", tokenizer=tok

@@ -8,15 +8,14 @@ Prints one JSON line a prompt: its category, length and the milliseconds of a ve
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import torch
+from postuse_budget import load_target, prompt_arguments
 from transformers import DynamicCache
 
 from hf_spec.bench.runner import encode_chat, load_prompts
 from hf_spec.methods.base import Drafter, SpecState
-from hf_spec.models import load_model
 from hf_spec.verify.forward import time_verifications
 
 
@@ -28,19 +27,11 @@ class _StockForward(Drafter):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--target", default="qwen2.5-coder-0.5b-instruct")
-    parser.add_argument("--prompts", required=True)
-    parser.add_argument("--limit", type=int, default=5)
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--threads", type=int, default=2)
+    parser = prompt_arguments(__doc__, limit=5)
     parser.add_argument("--sizes", default="1,4,8,12,13,14,16,18,20,24,28,32")
     parser.add_argument("--repeats", type=int, default=4)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    model, tokenizer = load_model(args.target, dtype=getattr(torch, args.dtype))
+    model, tokenizer = load_target(args)
     sizes = [int(n) for n in args.sizes.split(",")]
     drafter = _StockForward.__new__(_StockForward)  # verify_forward needs no drafter state
     for prompt in load_prompts(args.prompts, limit=args.limit):
