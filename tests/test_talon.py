@@ -497,6 +497,7 @@ def test_bad_configs_are_clear_errors(tiny_llama):
         (dict(drafter="", extend_tokens=3), "need the model drafter"),
         (dict(both_nodes=3, drafter=""), "both_nodes needs both halves"),
         (dict(auto_lookup=-1.0), "auto_lookup must be >= 0"),
+        (dict(retrieval=None, drafter="early-exit:2", both_lookup="whole"), "both_lookup needs both_nodes"),
         (dict(switch_cost=0.5), "not 'match'"),
         (dict(retrieval="foo"), "retrieval must be a settings object or null"),
     ]:

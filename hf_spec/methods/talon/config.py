@@ -114,13 +114,14 @@ class TalonConfig(MethodConfig):
             raise ValueError(f"talon: both_lookup must be 'cut', 'whole' or 'auto', got {self.both_lookup!r}")
         if self.auto_lookup < 0:
             raise ValueError("talon: auto_lookup must be >= 0")
-        if self.both_lookup != "cut" and not (self.both_nodes and self.retrieval.get("prompt_lookup")):
+        lookup = (self.retrieval or {}).get("prompt_lookup")
+        if self.both_lookup != "cut" and not (self.both_nodes and lookup):
             raise ValueError("talon: both_lookup needs both_nodes and retrieval.prompt_lookup")
         if self.both_nodes < 0 or self.skip_match < 0:
             raise ValueError("talon: both_nodes and skip_match must be >= 0")
         if (self.skip_match or self.skip_lookup) and (self.switch != "match" or not self.adaptive):
             raise ValueError("talon: skip_match and skip_lookup apply to adaptive switch 'match' only")
-        if self.skip_lookup < 0 or (self.skip_lookup and not (self.retrieval or {}).get("prompt_lookup")):
+        if self.skip_lookup < 0 or (self.skip_lookup and not lookup):
             raise ValueError("talon: skip_lookup must be >= 0 and needs retrieval.prompt_lookup")
         if self.extend_tokens and self.retrieval is None:
             raise ValueError("talon: extend_tokens needs the retrieval half (retrieval is null)")
