@@ -2,9 +2,8 @@
 
 On x86 CPUs (MKL), `F.linear(x, W)` with 4..32 rows runs 2-3x below memory bandwidth. Inside `fast_linears`,
 fp32 CPU inputs with 2..32 rows go to a C++ kernel that reads each row of W once (`cpu_skinny_gemm`); without
-that kernel (no compiler, `HF_SPEC_NO_CPP_KERNELS=1`, other dtypes), 2..32 rows are computed as `(W @ x.T).T`
-where that is measured faster (`mm_trick_pays`, for 2..7 and 8..32 rows apart: MKL runs it closer to bandwidth on an
-Intel Xeon; in bfloat16 with AMX 0.73 of F.linear's time at 2-14 rows, Qwen2.5-0.5B's layers). More than 32
+that kernel (no compiler, `HF_SPEC_NO_CPP_KERNELS=1`, other dtypes), 8..32 rows are computed as `(W @ x.T).T`
+where that is measured faster (`mm_trick_pays`: MKL runs it closer to bandwidth on an Intel Xeon). More than 32
 rows stay `F.linear`; so does one row unless the kernel is measured faster on this machine
 (`one_row_kernel_pays`: MKL's GEMV is on an Intel Xeon, not on an AMD EPYC, where the kernel takes the 151,936-row
 LM head from 34 to 19 ms). hf-spec's loop never uses this for its own
@@ -40,8 +39,7 @@ from torch import nn
 from hf_spec.kernels import cpu_skinny_gemm
 
 KERNEL_MIN_ROWS, KERNEL_MAX_ROWS = 2, 32  # C++ kernel (when it builds)
-MIN_ROWS, MAX_ROWS = 2, 32  # mm-trick fallback without the kernel
-FEW_ROWS = 8  # below this many rows the mm trick is measured (and decided) on its own
+MIN_ROWS, MAX_ROWS = 8, 32  # mm-trick fallback without the kernel
 # bfloat16 kernel (AVX512-BF16; Zen 5, Qwen forwards after 200 cached tokens): 1-13 tokens at 0.82 of torch's time,
 # 17 at 0.73-0.85 (torch's bf16 GEMM slows down past 16 rows), 25 at 0.89-1.03: level from ~20
 BF16_MAX_ROWS = 20
@@ -59,10 +57,8 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
             y = cpu_skinny_gemm.kernel_linear(x, weight, bias)
             if y is not None:
                 return y
-        if MIN_ROWS <= rows <= MAX_ROWS and x.is_cpu and mm_trick_pays(x.dtype, rows):
-            # contiguous: a transposed result slowed what reads it (a 13-node bfloat16 verification after 1,298
-            # cached tokens: 117 ms transposed, 91 contiguous, 104 with F.linear; session 31)
-            y = torch.mm(weight, x.reshape(rows, x.shape[-1]).t()).t().contiguous()
+        if MIN_ROWS <= rows <= MAX_ROWS and x.is_cpu and mm_trick_pays(x.dtype):
+            y = torch.mm(weight, x.reshape(rows, x.shape[-1]).t()).t()
             if bias is not None:
                 y = y + bias
             return y.reshape(*x.shape[:-1], weight.shape[0])
@@ -71,8 +67,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 _bf16: dict[int, bool] = {}  # torch thread count -> the bf16 kernel beat F.linear on 9 rows
 _one_row: dict[int, bool] = {}  # torch thread count -> the kernel beat F.linear on one row
-# (threads, dtype, fewer than FEW_ROWS rows) -> (W @ x.T).T beat F.linear on 4 / 9 rows
-_mm_trick: dict[tuple[int, torch.dtype, bool], bool] = {}
+_mm_trick: dict[tuple[int, torch.dtype], bool] = {}  # (threads, dtype) -> (W @ x.T).T beat F.linear on 9 rows
 _measure_lock = threading.Lock()
 
 
@@ -100,19 +95,15 @@ def one_row_kernel_decision() -> bool | None:
     return _one_row.get(torch.get_num_threads())
 
 
-def mm_trick_pays(dtype: torch.dtype, rows: int = FEW_ROWS + 1) -> bool:
-    """Whether `(W @ x.T).T` beats `F.linear` on `rows` rows of `dtype` here: measured once per torch thread count,
-    dtype and side of `FEW_ROWS` (on 4 or 9 rows; ~0.5 s each, 256 MiB of weights); `HF_SPEC_MM_TRICK=1` / `0`
-    forces it. It pays on an Intel Xeon in float32 and in bfloat16 with AMX (89 -> 77 ms for a 13-row Qwen forward;
-    1-6-node verifications after 51-61 prompt tokens 85-86 -> 70-73 ms, session 31) but not on an AMD EPYC Zen 5 in
-    bfloat16 (63 -> 79 ms)."""
+def mm_trick_pays(dtype: torch.dtype) -> bool:
+    """Whether `(W @ x.T).T` beats `F.linear` on 9 rows of `dtype` here: measured once per torch thread count and
+    dtype (~0.5 s, 256 MiB of weights); `HF_SPEC_MM_TRICK=1` / `0` forces it. It pays on an Intel Xeon in float32
+    and in bfloat16 with AMX (89 -> 77 ms for a 13-row Qwen forward) but not on an AMD EPYC Zen 5 in bfloat16
+    (63 -> 79 ms)."""
     forced = _forced("HF_SPEC_MM_TRICK")
     if forced is not None:
         return forced
-    few = rows < FEW_ROWS
-    measured = 4 if few else FEW_ROWS + 1
-    key = (torch.get_num_threads(), dtype, few)
-    return _remembered(_mm_trick, key, lambda: _measure_mm_trick(dtype, measured))
+    return _remembered(_mm_trick, (torch.get_num_threads(), dtype), lambda: _measure_mm_trick(dtype))
 
 
 def _forced(env_var: str) -> bool | None:
@@ -149,11 +140,11 @@ def _measure_bf16(repeats: int = 5) -> bool:
 
 
 @torch.no_grad()
-def _measure_mm_trick(dtype: torch.dtype, rows: int = FEW_ROWS + 1, repeats: int = 5) -> bool:
+def _measure_mm_trick(dtype: torch.dtype, repeats: int = 5) -> bool:
     def mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return torch.mm(w, x.t()).t()
 
-    x = torch.full((rows, 1024), 0.5, dtype=dtype)
+    x = torch.full((9, 1024), 0.5, dtype=dtype)
     return _time_ratio(mm, x, _streamed_weights(dtype), repeats) < 0.9
 
 
