@@ -24,6 +24,8 @@ from hf_spec.methods.pld.ngram_matcher import first_continuation
 from hf_spec.methods.retrieval.config import RetrievalConfig
 from hf_spec.methods.retrieval.retriever import Retriever
 from hf_spec.models import load_model
+from hf_spec.tree.buffers import DraftTree
+from hf_spec.tree.fusion import matched_depth
 
 SPEC_BENCH = "../shared/data/eval/spec_bench_dev.jsonl"
 
@@ -48,26 +50,15 @@ def record(args) -> None:
             print(p.question_id, p.category, flush=True)
 
 
-def accepted_length(tokens: list[int], parents: list[int], truth: list[int]) -> int:
-    """How many of `truth`'s tokens the tree `(tokens, parents)` drafts along one root path."""
-    node, k = -1, 0
-    children: dict[int, dict[int, int]] = defaultdict(dict)
-    for i, (t, p) in enumerate(zip(tokens, parents, strict=True)):
-        children[p].setdefault(t, i)
-    while k < len(truth) and truth[k] in children[node]:
-        node, k = children[node][truth[k]], k + 1
-    return k
-
-
 def replay_tau(rows: list[dict], propose) -> list[float]:
-    """Per-prompt tau (answer tokens per verification round) of `propose(context) -> (tokens, parents)`."""
+    """Per-prompt tau (answer tokens per verification round) of `propose(context) -> DraftTree`."""
     taus = []
     for r in rows:
         prompt, answer = np.array(r["prompt"]), r["answer"]
         i = rounds = 0
         while i < len(answer):
-            tokens, parents = propose(np.concatenate([prompt, np.array(answer[:i], dtype=prompt.dtype)]))
-            i += accepted_length(tokens, parents, answer[i:]) + 1
+            tree = propose(np.concatenate([prompt, np.array(answer[:i], dtype=prompt.dtype)]))
+            i += matched_depth(tree, answer[i:]) + 1
             rounds += 1
         taus.append(len(answer) / rounds)
     return taus
@@ -78,8 +69,7 @@ def replay(args) -> None:
     model, tok = load_model(args.target)  # the vocabulary check and datastore recipes need the target
 
     def prompt_lookup(context):
-        chain = first_continuation(context, 2, 10)  # transformers' defaults (hf-pld)
-        return chain, list(range(-1, len(chain) - 1))
+        return DraftTree.chain(first_continuation(context, 2, 10))  # transformers' defaults (hf-pld)
 
     base = replay_tau(rows, prompt_lookup)
     results = {"hf-pld": base}
@@ -88,8 +78,7 @@ def replay(args) -> None:
         retriever = Retriever(RetrievalConfig(**settings), model, tok)
 
         def propose(context, retriever=retriever):
-            tree, _ = retriever.propose(context, 10**6)
-            return tree.tokens.tolist(), tree.parents.tolist()
+            return retriever.propose(context, 10**6)[0]
 
         results[path] = replay_tau(rows, propose)
     print("| drafter | category | prompts | mean tau | tau / hf-pld's (mean) | lowest | prompts below 1 |")

@@ -1,5 +1,6 @@
 """What one greedy verification costs by tree size, on each prompt's own cache (the loop's verification path,
-`hf_spec.verify.forward.time_verifications`): where a fused Talon tree stops being free on this machine.
+`hf_spec.verify.forward.time_verifications`, with the loop's attention): where a fused Talon tree stops being free
+on this machine.
 
     python benchmarks/tree_cost.py --prompts PROMPTS.jsonl [--limit 5] [--dtype bfloat16] [--sizes 1,4,8,...]
 

@@ -12,6 +12,7 @@ import time
 import numpy as np
 import torch
 
+from hf_spec.kernels.grouped_attention import grouped_attention
 from hf_spec.kernels.screened_head import screened_lm_head, screening_applies
 from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
 from hf_spec.verify.cache import crop_cache
@@ -42,7 +43,8 @@ def time_verifications(drafter, state, sizes: list[int], repeats: int = 3) -> di
     """Seconds of one greedy verification forward of an `n`-node tree for each `n` in `sizes` (the minimum of
     `repeats` after one warm-up call), through `drafter.verify_forward` on the live cache behind the current
     root; every block is cropped away again, so the state is left as it was. The trees repeat the root token and
-    branch (a 4D tree mask, as the loop verifies Post-use's grafted trees).
+    branch (a 4D tree mask, as the loop verifies Post-use's grafted trees); attention runs as in the loop
+    (`grouped_attention`, a no-op inside it).
 
     Returns:
         `{n: seconds}`.
@@ -59,7 +61,7 @@ def time_verifications(drafter, state, sizes: list[int], repeats: int = 3) -> di
         seconds = []
         for _ in range(repeats + 1):
             t0 = time.perf_counter()
-            with screened_lm_head(model, enabled=screen):
+            with screened_lm_head(model, enabled=screen), grouped_attention(model):
                 drafter.verify_forward(state, tree, ids, positions, mask, False)
             seconds.append(time.perf_counter() - t0)
             crop_cache(state.cache, past)

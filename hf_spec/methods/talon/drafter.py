@@ -164,15 +164,13 @@ class TalonDrafter(Drafter):
                 use_model = self.switch.use_model(match)
             else:
                 use_model = match < (self.config.skip_match or self.retriever.config.strong_match)
-                copying = self.lookup_accepted.count and self.lookup_accepted.value >= self.config.skip_lookup
-                use_model = use_model and not (self.config.skip_lookup and copying)
+                use_model = use_model and not (
+                    self.config.skip_lookup and self._copying(self.config.skip_lookup)
+                )
         both = self.config.both_nodes
         if use_model and 0 < both < len(ret_tree):  # fused: a smaller retrieval tree
-            whole = self.config.both_lookup == "whole" or (
-                self.config.both_lookup == "auto"
-                and self.lookup_accepted.count > 0
-                and self.lookup_accepted.value >= self.config.auto_lookup
-            )
+            mode = self.config.both_lookup
+            whole = mode == "whole" or (mode == "auto" and self._copying(self.config.auto_lookup))
             ret_tree, _ = self.retriever.propose(ids, max_depth, max_nodes=both, lookup_whole=whole)
         ahead = self.worker is not None and self._chain_rate >= self.config.async_min_acceptance
         pre = None
@@ -198,6 +196,10 @@ class TalonDrafter(Drafter):
                 n = self._own_nodes + 1 + block  # the chain, the guessed bonus, then the next block
                 self.worker.submit(lambda stop: self.chain.draft(n, stop))
         return fused
+
+    def _copying(self, tokens: float) -> bool:
+        """Whether prompt lookup's chain has had at least `tokens` accepted on average in this generation."""
+        return self.lookup_accepted.count > 0 and self.lookup_accepted.value >= tokens
 
     def _can_pre_verify(self, state: SpecState, ret_tree: DraftTree) -> bool:
         return (
