@@ -53,9 +53,9 @@ def _text_ids(tok, path: str, n: int) -> torch.Tensor | None:
 
 
 def measure(model, past: int, text: torch.Tensor | None = None) -> None:
-    """In bfloat16 the second column is the kernel's AVX512-BF16 path for 1-16 rows where `bf16_kernel_pays`
-    (`HF_SPEC_BF16_KERNEL=0/1` forces it), else torch's, or `(W @ x.T).T` for 8-32 rows where `mm_trick_pays`
-    (`HF_SPEC_MM_TRICK=0/1`)."""
+    """In bfloat16 the second column is the kernel's AVX512-BF16 path for 1..`bf16_kernel_rows()` rows
+    (`HF_SPEC_BF16_KERNEL=0/1` forces none / 1-20), else torch's, or `(W @ x.T).T` for 2-32 rows where
+    `mm_trick_pays` (`HF_SPEC_MM_TRICK=0/1`)."""
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
         ids = torch.randint(100, 10000, (1, past)) if text is None else text[None, :past]

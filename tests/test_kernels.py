@@ -204,7 +204,7 @@ def test_one_row_kernel_is_used_where_measured_faster(kernel, monkeypatch):
 
 @pytest.mark.parametrize("flag", ["0", "1"])
 def test_mm_trick_only_where_it_pays(monkeypatch, flag):
-    """Outside the kernel (bfloat16 here), 8..32 rows go through `(W @ x.T).T` only where it is measured faster
+    """Outside the kernel (bfloat16 here), 2..32 rows go through `(W @ x.T).T` only where it is measured faster
     (`HF_SPEC_MM_TRICK` forces the measured answer); the values are F.linear's either way."""
     monkeypatch.setenv("HF_SPEC_MM_TRICK", flag)
     monkeypatch.setenv("HF_SPEC_BF16_KERNEL", "0")
@@ -215,7 +215,7 @@ def test_mm_trick_only_where_it_pays(monkeypatch, flag):
     for rows in (1, 7, 9, 32, 33):
         x = torch.randn(1, rows, 96, dtype=torch.bfloat16)
         torch.testing.assert_close(skinny_linear(x, w), F.linear(x, w), atol=0.05, rtol=0.02)
-    assert len(calls) == 2 * (flag == "1")  # 9 and 32 rows
+    assert len(calls) == 3 * (flag == "1")  # 7, 9 and 32 rows
 
 
 def test_mm_trick_is_measured_once_per_dtype(monkeypatch):
@@ -235,10 +235,13 @@ def test_mm_trick_is_measured_once_per_dtype(monkeypatch):
     monkeypatch.delenv("HF_SPEC_MM_TRICK", raising=False)
     monkeypatch.setattr(skinny_linear_module, "_mm_trick", {})
     calls = []
-    monkeypatch.setattr(skinny_linear_module, "_measure_mm_trick", lambda dtype: calls.append(dtype) or True)
-    for dtype in (torch.bfloat16, torch.bfloat16, torch.float16, torch.bfloat16):
-        assert skinny_linear_module.mm_trick_pays(dtype)
-    assert calls == [torch.bfloat16, torch.float16]
+    monkeypatch.setattr(
+        skinny_linear_module, "_measure_mm_trick", lambda dtype, rows: calls.append((dtype, rows)) or True
+    )
+    for dtype, rows in ((torch.bfloat16, 9), (torch.bfloat16, 32), (torch.float16, 9), (torch.bfloat16, 2)):
+        assert skinny_linear_module.mm_trick_pays(dtype, rows)
+    assert skinny_linear_module.mm_trick_pays(torch.bfloat16, 7)  # 2..7 rows: one class, measured on 4
+    assert calls == [(torch.bfloat16, 9), (torch.float16, 9), (torch.bfloat16, 4)]
 
 
 def _bf16_isas() -> list[int]:
@@ -293,9 +296,46 @@ def test_bf16_kernel_is_measured_once_per_thread_count(monkeypatch):
     monkeypatch.delenv("HF_SPEC_BF16_KERNEL", raising=False)
     monkeypatch.setattr(skinny_linear_module, "_bf16", {})
     calls = []
-    monkeypatch.setattr(skinny_linear_module, "_measure_bf16", lambda: calls.append(1) or False)
-    assert not skinny_linear_module.bf16_kernel_pays() and not skinny_linear_module.bf16_kernel_pays()
+    monkeypatch.setattr(skinny_linear_module, "_measure_bf16", lambda: calls.append(1) or 2)
+    assert skinny_linear_module.bf16_kernel_rows() == skinny_linear_module.bf16_kernel_rows() == 2
     assert calls == [1]
+
+
+@pytest.mark.parametrize("wins_up_to", [0, 1, 4, 20])
+def test_bf16_kernel_rows_stop_where_the_kernel_loses(kernel, monkeypatch, wins_up_to):
+    """The kernel is timed against torch's best path (the mm trick where it pays) at growing row counts until it
+    loses; the rows it takes are those up to the last sample it won, and skinny_linear routes by them."""
+    if not csg.has_bf16():
+        pytest.skip("no AVX512-BF16 here")
+    monkeypatch.setattr(
+        skinny_linear_module, "_streamed_weights", lambda dtype: [torch.zeros(8, 1024, dtype=dtype)]
+    )
+    monkeypatch.setenv("HF_SPEC_MM_TRICK", "1")
+    rivals = []
+
+    def ratio(fn, x, weights, repeats, rival=None):
+        rivals.append((x.shape[0], rival))
+        return 0.5 if x.shape[0] <= wins_up_to else 1.0
+
+    monkeypatch.setattr(skinny_linear_module, "_time_ratio", ratio)
+    rows = skinny_linear_module._measure_bf16(repeats=1)
+    assert rows == wins_up_to
+    timed = [r for r, _ in rivals]
+    assert timed == [r for r in skinny_linear_module.BF16_SAMPLE_ROWS if r <= wins_up_to] + (
+        [next(r for r in skinny_linear_module.BF16_SAMPLE_ROWS if r > wins_up_to)] if wins_up_to < 20 else []
+    )
+    assert all(
+        (rival is None) == (r == 1) for r, rival in rivals
+    )  # one row against F.linear, more against mm
+    monkeypatch.setattr(skinny_linear_module, "_bf16", {torch.get_num_threads(): rows})
+    monkeypatch.delenv("HF_SPEC_BF16_KERNEL", raising=False)
+    calls = []
+    real = csg.kernel_linear_bf16
+    monkeypatch.setattr(csg, "kernel_linear_bf16", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    w = torch.randn(40, 96, dtype=torch.bfloat16)
+    for n in (1, 2, 4, 5, 20):
+        skinny_linear(torch.randn(n, 96, dtype=torch.bfloat16), w)
+    assert calls == [n for n in (1, 2, 4, 5, 20) if n <= rows]
 
 
 def test_bf16_target_greedy_through_the_kernel(monkeypatch):

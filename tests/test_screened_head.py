@@ -252,11 +252,15 @@ def test_screening_applies_only_where_the_argmax_is_all_that_is_read(kernel, mon
     assert not screening_applies(model, True, False, False)  # sampling reads the distribution
     assert not screening_applies(model, False, True, False)  # logits processors
     assert not screening_applies(model, False, False, True)  # output_scores / output_logits
-    half = make_tiny_model("llama").to(torch.bfloat16)  # screened where the bf16 kernel runs the full head
-    monkeypatch.setenv("HF_SPEC_BF16_KERNEL", "1")
-    assert screening_applies(half, False, False, False)
-    monkeypatch.setenv("HF_SPEC_BF16_KERNEL", "0")
+    half = make_tiny_model("llama").to(
+        torch.bfloat16
+    )  # screened where the bf16 kernel rescores the candidates
+    for flag in ("0", "1"):  # whichever path runs the full head
+        monkeypatch.setenv("HF_SPEC_BF16_KERNEL", flag)
+        assert screening_applies(half, False, False, False) == csg.has_bf16()
+    monkeypatch.setattr(csg, "has_bf16", lambda: False)
     assert not screening_applies(half, False, False, False)
+    monkeypatch.undo()
     assert not screening_applies(make_tiny_model("llama").to(torch.float16), False, False, False)
     monkeypatch.setenv("HF_SPEC_SCREENED_HEAD", "0")
     assert not screening_applies(model, False, False, False)

@@ -25,12 +25,15 @@ channels leave |x - s_1 q_1| at ~2% of |x|, so this keeps ~100 tokens a row (tho
 second level adds fl(fl(q_2 . q_j) * fl(s_j s_2)) for those tokens only, bound |x|_2 c_j + (|r|_2 + 2^-21 (|s_1
 q_1|_2 + |s_2 q_2|_2)) |s_j q_j|_2 with |r| ~1e-4 |x|: as few candidates as fp32 x. 13 rows: ~8 ms, fp32 head 18 ms.
 
-A bfloat16 head (where hf-spec's bf16 kernel runs the full head: AVX512-BF16) is screened the same way, x widened
-to fp32 and the bound unchanged (the kernel's sums are fp32 too); its logits are then rounded to bfloat16, where
-two tokens may tie and the lower id wins, so every token that may round to the top value is kept as well (the floor
-lowered by 2^-6 of itself) and the candidates are rescored by the bf16 kernel: the argmax the full bf16 head gives.
-Qwen2.5-0.5B's bf16 head: 7.8 -> 4.0 ms on one row, 9.7 -> 7.5 on 13 (Zen 5, `benchmarks/screened_head.py --head
---dtype bfloat16`).
+A bfloat16 head (on AVX512-BF16 CPUs) is screened the same way, x widened to fp32 and the bound unchanged (hf-spec's
+bf16 kernel sums in fp32 too); its logits are then rounded to bfloat16, where two tokens may tie and the lower id
+wins, so every token that may round to the top value is kept as well (the floor lowered by 2^-6 of itself) and the
+candidates are rescored by the bf16 kernel: the argmax the full bf16 head gives on that kernel (where torch's GEMM
+runs the full head instead, as on 8+ rows on an Intel Xeon with AMX, the two sum in other orders: they may differ
+at a bfloat16 near-tie, as torch's paths do among themselves). Qwen2.5-0.5B's bf16 head: 7.8 -> 4.0 ms on one row,
+9.7 -> 7.5 on 13 (Zen 5, `benchmarks/screened_head.py --head --dtype bfloat16`); against an Intel Xeon's AMX
+`(W @ x.T).T` only up to `BF16_SCREEN_ROWS` (ms: 1 row 14.6 -> 5.8, 4 rows 10.2 -> 6.6, 8 rows 10.3 -> 8.3, 12 rows
+10.6 -> 10.1, 16 rows 10.1 -> 12.1).
 
 Only where nothing but the argmax is read (greedy, no logits processors, no scores returned; stopping criteria are
 then handed no scores, as in plain decoding: `screening_applies`); anything else gets the full head.
@@ -51,13 +54,15 @@ import torch
 from torch import nn
 
 from hf_spec.kernels import cpu_skinny_gemm
-from hf_spec.kernels.skinny_linear import BF16_MAX_ROWS, bf16_kernel_pays, skinny_linear
+from hf_spec.kernels.skinny_linear import BF16_MAX_ROWS, bf16_kernel_rows, skinny_linear
 
 # rows of x screened with fp32 x: from ~9 rows the kernel is compute-bound and stops paying (AMD EPYC, 2 threads);
 # with AVX512-VNNI, from 3 rows x is quantized to int8 too and up to 32 rows are screened, for heads of at least
 # INT8_X_MIN_WEIGHTS (Qwen2.5-0.5B's 136M: 13 rows 7.8 against 18.1 ms; SmolLM2's 28M head reads in ~3 ms and the
 # quantization's fixed ~1.5 ms does not pay: 13 rows 3.5 against 2.9 ms, Zen 5)
 MAX_ROWS, MAX_ROWS_VNNI, MIN_ROWS_VNNI = 6, 32, 3
+# bfloat16 rows screened where torch's GEMM, not hf-spec's bf16 kernel, runs the full head on 13 rows (AMX: above)
+BF16_SCREEN_ROWS = 12
 INT8_X_MIN_WEIGHTS = 64 * 2**20
 _F32_EPS = 2.0**-24
 BF16_ROUNDING = 2.0**-8  # bfloat16's relative rounding step (8 significant bits: at most half of 2^-7)
@@ -141,7 +146,11 @@ class Int8Screen:
         idx = self.candidates(x2.float(), rounding)
         if idx is None:
             return None
-        exact = skinny_linear(x2, self.weight.index_select(0, idx))  # (M, C)
+        rows = self.weight.index_select(0, idx)
+        exact = (
+            cpu_skinny_gemm.kernel_linear_bf16(x2, rows) if x.dtype == torch.bfloat16 else None
+        )  # the bf16 kernel's values whatever path the full head would take
+        exact = skinny_linear(x2, rows) if exact is None else exact  # (M, C)
         out = torch.full((x2.shape[0], self.weight.shape[0]), float("-inf"), dtype=x.dtype)
         out[:, idx] = exact
         return out.view(*x.shape[:-1], -1)
@@ -190,10 +199,12 @@ def _within_bound(
 
 def max_screened_rows(weights: int | None = None, dtype: torch.dtype = torch.float32) -> int:
     """Most rows of x the screen of a head with `weights` weights (None: a large one) takes on this CPU
-    (`MAX_ROWS_VNNI` where x is quantized, else `MAX_ROWS`; in bfloat16 at most what the bf16 kernel takes, so the
-    candidates are rescored by the kernel the full head runs on)."""
+    (`MAX_ROWS_VNNI` where x is quantized, else `MAX_ROWS`; in bfloat16 at most what the bf16 kernel takes, and
+    `BF16_SCREEN_ROWS` where it does not run the full head on 13 rows)."""
     rows = MAX_ROWS_VNNI if int8_x_applies(weights) else MAX_ROWS
-    return min(rows, BF16_MAX_ROWS) if dtype == torch.bfloat16 else rows
+    if dtype != torch.bfloat16:
+        return rows
+    return min(rows, BF16_MAX_ROWS if bf16_kernel_rows() >= 13 else BF16_SCREEN_ROWS)
 
 
 def int8_x_applies(weights: int | None = None) -> bool:
@@ -235,8 +246,8 @@ def screening_applies(model: nn.Module, do_sample: bool, has_processors: bool, r
     w = head.weight
     if not w.is_cpu or w.dim() != 2 or cpu_skinny_gemm.load_kernel() is None:
         return False
-    # bfloat16: where the full head runs on hf-spec's bf16 kernel, which rescores the candidates
-    return w.dtype == torch.float32 or (w.dtype == torch.bfloat16 and bf16_kernel_pays())
+    # bfloat16: where hf-spec's bf16 kernel (AVX512-BF16) rescores the candidates
+    return w.dtype == torch.float32 or (w.dtype == torch.bfloat16 and cpu_skinny_gemm.has_bf16())
 
 
 def _screened_forward(self: nn.Linear, x: torch.Tensor, owner: int = 0) -> torch.Tensor:

@@ -28,8 +28,7 @@ def _greedy_head(model: PreTrainedModel) -> str:
         head = model.get_output_embeddings()
         weight = getattr(head, "weight", None)
         why = (
-            f"{weight.dtype} weights (screened in float32, and in bfloat16 where hf-spec's AVX512-BF16 kernel "
-            "runs the head)"
+            f"{weight.dtype} weights (screened in float32, and in bfloat16 on CPUs with AVX512-BF16)"
             if weight is not None and weight.dtype != torch.float32
             else "not a bias-free nn.Linear on CPU, or no C++ kernel"
         )
