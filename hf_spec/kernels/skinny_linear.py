@@ -16,7 +16,7 @@ F.linear 1.56 ms, (W @ x.T).T 1.33 ms, kernel 0.67 ms (1 row: 0.59 ms); 151,936-
 kernel (1 token: 83 ms). Same values up to float rounding; nothing changes outside `fast_linears`.
 
 bfloat16 inputs go to the kernel's AVX512-BF16 path for 1..`bf16_kernel_rows()` rows: the most rows (of 1, 2, 4,
-8, 13, 20) up to which it is measured faster than torch's best path here. On a 2-core AMD EPYC Zen 5 it wins to
+8, 13, 17, 20) up to which it is measured faster than torch's best path here. On a 2-core AMD EPYC Zen 5 it wins to
 ~17 rows (a Qwen2.5-0.5B forward of 1-17 tokens after 200 cached takes 0.73-0.85 of stock's time,
 `benchmarks/verify_cost.py --dtypes bfloat16`); on a 2-core Intel Xeon with AMX only on 1-2 rows, where torch's
 `(W @ x.T).T` runs on AMX tiles of 16 rows: Qwen2.5-0.5B's 24 layers' linears (ms, 2 threads)
@@ -55,7 +55,7 @@ FEW_ROWS = 2
 # bfloat16 kernel (AVX512-BF16; Zen 5, Qwen forwards after 200 cached tokens): 1-13 tokens at 0.82 of torch's time,
 # 17 at 0.73-0.85 (torch's bf16 GEMM slows down past 16 rows), 25 at 0.89-1.03: level from ~20
 BF16_MAX_ROWS = 20
-BF16_SAMPLE_ROWS = (1, 2, 4, 8, 13, BF16_MAX_ROWS)  # where the kernel is timed against torch, fewest first
+BF16_SAMPLE_ROWS = (1, 2, 4, 8, 13, 17, BF16_MAX_ROWS)  # where the kernel is timed against torch, fewest first
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
