@@ -55,15 +55,8 @@ FEW_ROWS = 2
 # bfloat16 kernel (AVX512-BF16; Zen 5, Qwen forwards after 200 cached tokens): 1-13 tokens at 0.82 of torch's time,
 # 17 at 0.73-0.85 (torch's bf16 GEMM slows down past 16 rows), 25 at 0.89-1.03: level from ~20
 BF16_MAX_ROWS = 20
-BF16_SAMPLE_ROWS = (
-    1,
-    2,
-    4,
-    8,
-    13,
-    17,
-    BF16_MAX_ROWS,
-)  # where the kernel is timed against torch, fewest first
+# where the kernel is timed against torch, fewest first
+BF16_SAMPLE_ROWS = (1, 2, 4, 8, 13, 17, BF16_MAX_ROWS)
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
