@@ -5,7 +5,9 @@ Usage: python benchmarks/skinny_gemm_rows.py [--threads N] [--dtype bfloat16] [-
 `--dtype bfloat16` times the AVX512-BF16 kernel (`kernel_linear_bf16`) on twice as many bf16 matrices (same bytes)
 against torch's bfloat16 `F.linear`.
 `--against` loads another version of `hf_spec/kernels/cpu_skinny_gemm.py` (e.g. from `git show REV:...`) and
-times both in the same process, alternating, for an A/B of kernel changes."""
+times both in the same process, alternating, for an A/B of kernel changes.
+Two more columns: torch's `(W @ x.T).T` and `skinny_linear`, the path hf-spec routes these rows to here (measured
+decisions, `hf_spec/kernels/skinny_linear.py`)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from hf_spec.kernels import cpu_skinny_gemm
+from hf_spec.kernels.skinny_linear import skinny_linear
 
 ROWS = (1, 2, 3, 4, 6, 9, 13, 17, 25, 32)
 
@@ -56,20 +59,26 @@ def main() -> None:
         kernels = {"other kernel": load_other(args.against), **kernels}
     for module in kernels.values():
         module.MIN_ROWS = 1  # time one row too (what `one_row_kernel_pays` decides on)
-    print("| rows | F.linear ms | " + " | ".join(f"{name} ms" for name in kernels) + " |")
-    print("|---|---|" + "---|" * len(kernels))
+    torch_paths = {"F.linear": F.linear, "(W @ x.T).T": _mm, "skinny_linear": skinny_linear}
+    print("| rows | " + " | ".join(f"{name} ms" for name in (*torch_paths, *kernels)) + " |")
+    print("|---|" + "---|" * (len(torch_paths) + len(kernels)))
     for rows in ROWS:
         xs = {k: torch.randn(rows, k, dtype=dtype) for k in (896, 4864)}
 
         def run(linear, xs=xs):
             return lambda: [linear(xs[w.shape[1]], w, None) for w in weights]
 
-        best = {name: float("inf") for name in ("F.linear", *kernels)}
+        best = {name: float("inf") for name in (*torch_paths, *kernels)}
         for _ in range(3):  # alternate, keep each one's best median
-            best["F.linear"] = min(best["F.linear"], median_seconds(run(F.linear)))
+            for name, linear in torch_paths.items():
+                best[name] = min(best[name], median_seconds(run(linear)))
             for name, module in kernels.items():
                 best[name] = min(best[name], median_seconds(run(getattr(module, linear_of))))
         print(f"| {rows} | " + " | ".join(f"{best[name] * 1e3:.1f}" for name in best) + " |")
+
+
+def _mm(x: torch.Tensor, w: torch.Tensor, bias: None) -> torch.Tensor:
+    return torch.mm(w, x.t()).t()
 
 
 if __name__ == "__main__":

@@ -364,16 +364,23 @@ def test_support_report_names_what_each_model_can_run(monkeypatch):
     assert llama["tree verification"].startswith("yes") and llama["hispec"] == "yes"
     head = llama["greedy verification's LM head"]  # a tiny head: x stays in float32, 6 rows
     assert head.startswith("yes: int8-screened LM head for 1-6 rows, x in float32") or head.startswith("no:")
-    monkeypatch.setenv(
-        "HF_SPEC_BF16_KERNEL", "0"
-    )  # where torch's bf16 GEMM runs the head, it is not screened
+    from hf_spec.kernels import cpu_skinny_gemm as csg
+
+    # bfloat16 heads are screened where hf-spec's bf16 kernel (AVX512-BF16) rescores the candidates, whichever
+    # path runs the full head
+    for flag in ("0", "1"):
+        monkeypatch.setenv("HF_SPEC_BF16_KERNEL", flag)
+        bf16 = support_report(build("llama").to(torch.bfloat16))["greedy verification's LM head"]
+        if csg.load_kernel() is not None and csg.has_bf16():
+            assert bf16.startswith("yes: int8-screened LM head for 1-6 rows")
+        else:
+            assert bf16.startswith("no:")
+    monkeypatch.setattr(csg, "has_bf16", lambda: False)
     bf16 = support_report(build("llama").to(torch.bfloat16))["greedy verification's LM head"]
     assert bf16.startswith(
         "no: the full LM head: torch.bfloat16 weights (screened in float32, and in bfloat16"
     )
-    monkeypatch.setenv("HF_SPEC_BF16_KERNEL", "1")
-    bf16 = support_report(build("llama").to(torch.bfloat16))["greedy verification's LM head"]
-    assert bf16.startswith("yes: int8-screened LM head for 1-6 rows") or bf16.startswith("no:")
+    monkeypatch.undo()
     gpt2 = support_report(build("gpt2"))
     assert gpt2["pld, retrieval, draft-model, talon (retrieval part)"] == "yes"
     assert gpt2["early-exit, postuse around it, talon's exit drafter"].startswith(

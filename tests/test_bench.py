@@ -85,6 +85,7 @@ def test_bench_writes_spec_bench_results(prompt_file, tmp_path):
     assert len(results["runs"]) == 7 * 3
     assert results["machine"]["torch_threads"] == 1
     assert results["machine"]["one_row_kernel"] in (True, False, None)  # the measured decision, if any
+    assert results["machine"]["bf16_kernel_rows"] in (None, *range(21))  # the bf16 kernel's rows, if measured
     assert results["command"].startswith("hf-spec bench --target")
     assert (out / "results.md").read_text().startswith("| method |")
     assert (out / "speedup.png").stat().st_size > 1000

@@ -22,7 +22,7 @@ import torch
 from hf_spec.decoder import SpeculativeDecoder
 from hf_spec.generate import sum_counts
 from hf_spec.kernels.grouped_attention import grouped_attention
-from hf_spec.kernels.skinny_linear import fast_linears, one_row_kernel_decision
+from hf_spec.kernels.skinny_linear import bf16_kernel_decision, fast_linears, one_row_kernel_decision
 from hf_spec.models.fetch import dtype_name
 
 # Spec-Bench's six groups: the eight MT-bench categories count as one
@@ -194,6 +194,7 @@ def machine_info() -> dict:
         "transformers": transformers.__version__,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "one_row_kernel": one_row_kernel_decision(),  # None: never measured (no one-row draft forward ran)
+        "bf16_kernel_rows": bf16_kernel_decision(),  # None: never measured (no bfloat16 linear ran on hf-spec's path)
     }
 
 
@@ -379,7 +380,8 @@ def markdown_table(results: dict) -> str:
             ""
             if m.get("one_row_kernel") is None
             else f"; one-row kernel {'on' if m['one_row_kernel'] else 'off'}"
-        ),
+        )
+        + ("" if m.get("bf16_kernel_rows") is None else f"; bf16 kernel on 1-{m['bf16_kernel_rows']} rows"),
     ]
     return "\n".join(lines) + "\n"
 

@@ -113,6 +113,11 @@ def one_row_kernel_decision() -> bool | None:
     return _one_row.get(torch.get_num_threads())
 
 
+def bf16_kernel_decision() -> int | None:
+    """The remembered `bf16_kernel_rows()` for this thread count, None before it was measured (no measuring)."""
+    return _bf16.get(torch.get_num_threads())
+
+
 def mm_trick_pays(dtype: torch.dtype, rows: int = MIN_ROWS) -> bool:
     """Whether `(W @ x.T).T` beats `F.linear` on `rows` rows of `dtype` here: measured once per torch thread count,
     dtype and row class (9 rows for `MIN_ROWS`..`MAX_ROWS`, 4 for fewer; ~0.5 s, 256 MiB of weights);
