@@ -21,6 +21,7 @@ from hf_spec.methods.talon.overlap import THREAD_PREFIX
 from hf_spec.methods.talon.preverify import finish_verification, pre_verify
 from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
 from hf_spec.tree.fusion import fuse_trees
+from hf_spec.verify.forward import flat_tree_budget
 from tests.conftest import CACHE, make_tiny_model, prompt_ids
 from tests.stats import sampled_marginals_pvalues
 from tests.test_sampling import SampledTreeDrafter, V
@@ -476,6 +477,10 @@ def test_bad_configs_are_clear_errors(tiny_llama):
         RetrievalConfig(prompt_lookup=-1)
     with pytest.raises(ValueError, match="long_draft_tokens must be >= num_draft_tokens"):
         RetrievalConfig(long_match=8, long_draft_tokens=4)
+    with pytest.raises(ValueError, match="auto_nodes needs max_nodes >= 1"):
+        RetrievalConfig(auto_nodes=True, max_nodes=0)
+    with pytest.raises(ValueError, match="auto_nodes_tolerance >= 1.0"):
+        RetrievalConfig(auto_nodes=True, auto_nodes_tolerance=0.9)
     with pytest.raises(ValueError, match="switch must be 'match', 'cost' or 'best'"):
         TalonConfig(switch="learned")
     with pytest.raises(ValueError, match="extend_tokens needs the retrieval half"):
@@ -553,3 +558,54 @@ def test_fused_tree_sampling_matches_plain_sampling(tmp_path, async_mode):
     assert min(pvalues) > 1e-3, pvalues
     assert async_mode or drafter.rounds["extended"] > 0
     assert not leaked()
+
+
+@pytest.mark.parametrize("method", ["retrieval", "talon"])
+def test_auto_nodes_measures_the_strong_budget_once(tiny_llama, store_dir, method):
+    """`auto_nodes`: the first generation times verifications of 1..max_nodes nodes and keeps the flat budget as
+    strong matches' `max_nodes` (never more than configured); later generations reuse it; output unchanged."""
+    path = tiny_datastore(tiny_llama, store_dir / "auto")
+    settings = dict(datastore_path=path, num_draft_tokens=6, max_nodes=9, weak_nodes=2, auto_nodes=True)
+    config = (
+        RetrievalConfig(**settings)
+        if method == "retrieval"
+        else TalonConfig(retrieval=settings, drafter="early-exit:3", adaptive=False)
+    )
+    decoder = SpeculativeDecoder(config)
+    ids = prompt_ids(14, seed=6)
+    ref = tiny_llama.generate(ids, max_new_tokens=30, do_sample=False)
+    out = tiny_llama.generate(ids, max_new_tokens=30, do_sample=False, custom_generate=decoder)
+    assert torch.equal(out, ref)
+    retriever = decoder.drafter_for(tiny_llama).retriever
+    costs = retriever.verification_costs
+    assert sorted(costs) == [1, 3, 5, 7, 9] and all(t > 0 for t in costs.values())
+    assert retriever.max_nodes == flat_tree_budget(costs, 1.3) and 1 <= retriever.max_nodes <= 9
+    stored = tiny_llama.generate(prompt_ids(8, seed=11), max_new_tokens=60, do_sample=False)[0, :12]
+    retriever.max_nodes = 3  # a strong match's tree stays within the measured budget
+    tree, longest = retriever.propose(stored.numpy(), 6)
+    assert longest >= 3 and 0 < len(tree) <= 3
+    tiny_llama.generate(ids, max_new_tokens=10, do_sample=False, custom_generate=decoder)
+    assert retriever.verification_costs is costs and retriever.max_nodes == 3  # measured once
+
+
+def test_auto_nodes_keeps_the_config_where_it_cannot_measure(tiny_llama, store_dir):
+    """transformers' assisted loop and batch rows verify without hf-spec's verification forward or on several
+    sequences: nothing is measured, `max_nodes` stays the config's, the output is the target's."""
+    from hf_spec.integrations import enable_assistant
+
+    path = tiny_datastore(tiny_llama, store_dir / "auto-fallback")
+    config = RetrievalConfig(datastore_path=path, max_nodes=7, auto_nodes=True)
+    ids = prompt_ids(12, seed=9)
+    ref = tiny_llama.generate(ids, max_new_tokens=20, do_sample=False)
+    decoder = SpeculativeDecoder(config)
+    with enable_assistant(tiny_llama, loop="transformers"):
+        out = tiny_llama.generate(ids, max_new_tokens=20, do_sample=False, assistant_model=decoder)
+    assert torch.equal(out, ref)
+    retriever = decoder.drafter_for(tiny_llama).retriever
+    assert retriever.max_nodes == 7 and not retriever.verification_costs
+    batch = torch.cat([prompt_ids(12, seed=9), prompt_ids(12, seed=10)])
+    refs = tiny_llama.generate(batch, max_new_tokens=12, do_sample=False)
+    decoder = SpeculativeDecoder(config)
+    out = tiny_llama.generate(batch, max_new_tokens=12, do_sample=False, custom_generate=decoder)
+    assert torch.equal(out, refs)
+    assert not decoder.drafter_for(tiny_llama).retriever.verification_costs

@@ -15,7 +15,7 @@ from hf_spec.methods.postuse.controller import PreCutController
 from hf_spec.methods.postuse.token_cache import TokenCache
 from hf_spec.methods.stepwise import DraftStep, StepwiseDrafter
 from hf_spec.tree.buffers import DraftTree
-from hf_spec.verify.forward import flat_tree_budget, time_verifications
+from hf_spec.verify.forward import measured_tree_budget
 
 logger = logging.getLogger(__name__)
 
@@ -140,9 +140,9 @@ class PostUseDrafter(Drafter):
         """`max_tree_nodes: 0`: time verifications of 1 to `auto_tree_max` nodes on this prompt's cache and keep
         the largest tree that costs about as much as one node (once per drafter)."""
         cfg = self.config
-        sizes = sorted({round(1 + i * (cfg.auto_tree_max - 1) / 4) for i in range(5)})
-        self.verification_costs = time_verifications(self, state, sizes)
-        self.tree_budget = flat_tree_budget(self.verification_costs, cfg.auto_tree_tolerance)
+        self.tree_budget, self.verification_costs = measured_tree_budget(
+            self, state, cfg.auto_tree_max, cfg.auto_tree_tolerance
+        )
         logger.info(
             "postuse: verification seconds by tree size %s -> max_tree_nodes %d",
             {n: round(t, 4) for n, t in self.verification_costs.items()},

@@ -35,6 +35,13 @@ class RetrievalConfig(MethodConfig):
             whole, so retrieval drafts at least what `prompt_lookup_num_tokens` would; 0: off.
         prompt_lookup_extra: nodes kept for the other candidates beside that chain (the budget grows to the
             chain's length + this, at most `max_nodes`).
+        auto_nodes: fit `max_nodes` to this machine: the first generation (batch size 1, hf-spec's loop) times
+            verifications of 1..`max_nodes` nodes on its own cache and keeps the largest tree that costs at most
+            `auto_nodes_tolerance` x one node's verification (`hf_spec.verify.forward.flat_tree_budget`); later
+            generations reuse it. `long_nodes` stays as set (copied text pays for deep trees). Where a node costs
+            nothing (bfloat16 on an Intel Xeon with AMX, up to 16 rows) that is `max_nodes`; on an AMD EPYC Zen 4,
+            where each node adds ~3 ms to a ~45 ms verification, 5-8.
+        auto_nodes_tolerance: cost allowed over one node's verification (>= 1).
     """
 
     method = "retrieval"
@@ -61,11 +68,20 @@ class RetrievalConfig(MethodConfig):
         default=0, metadata={"help": "always draft prompt lookup's n-gram candidate (0: off)"}
     )
     prompt_lookup_extra: int = field(default=6, metadata={"help": "nodes for other candidates beside it"})
+    auto_nodes: bool = field(default=False, metadata={"help": "measure max_nodes at the first generation"})
+    auto_nodes_tolerance: float = field(
+        default=1.3, metadata={"help": "auto_nodes: cost allowed over a one-node verification"}
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if min(self.num_draft_tokens, self.max_nodes, self.weak_nodes, self.long_match) < 0:
             raise ValueError("retrieval: num_draft_tokens, max_nodes, weak_nodes and long_match must be >= 0")
+        if self.auto_nodes and (self.max_nodes < 1 or self.auto_nodes_tolerance < 1.0):
+            raise ValueError(
+                "retrieval: auto_nodes needs max_nodes >= 1 (the largest tree measured) and auto_nodes_tolerance "
+                f">= 1.0; got {self.max_nodes}, {self.auto_nodes_tolerance}"
+            )
         if min(self.prompt_lookup, self.prompt_lookup_extra) < 0:
             raise ValueError("retrieval: prompt_lookup and prompt_lookup_extra must be >= 0")
         if self.long_match and (self.long_draft_tokens < self.num_draft_tokens or self.long_nodes < 1):

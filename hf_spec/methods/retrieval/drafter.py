@@ -16,6 +16,9 @@ class RetrievalDrafter(Drafter):
         super().__init__(config, model, tokenizer)
         self.retriever = Retriever(config, model, tokenizer)
 
+    def begin(self, state: SpecState) -> None:
+        self.retriever.fit_budget(self, state)
+
     def propose(self, state: SpecState, max_depth: int) -> DraftTree:
         tree, _ = self.retriever.propose(state.input_ids[0].cpu().numpy(), max_depth)
         return tree

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 import numpy as np
@@ -13,6 +14,9 @@ from hf_spec.methods.pld.ngram_matcher import first_continuation
 from hf_spec.methods.retrieval.config import RetrievalConfig
 from hf_spec.tree.buffers import DraftTree
 from hf_spec.tree.trie import retrieval_tree
+from hf_spec.verify.forward import measured_tree_budget
+
+logger = logging.getLogger(__name__)
 
 _LOADED: dict[tuple, Datastore] = {}  # one loaded datastore per (recipe key or path), shared by drafters
 
@@ -45,6 +49,26 @@ class Retriever:
         self.last_match = 0  # longest match length of the latest search
         self.last_lookup: list[int] = []  # prompt lookup's chain of the latest search
         self._searched: tuple[tuple, list] | None = None  # (context, depth) and matches of the last search
+        self.max_nodes = config.max_nodes  # strong matches' budget: the config's, or measured (`auto_nodes`)
+        self.verification_costs: dict[int, float] = {}  # {tree nodes: seconds} behind that measurement
+
+    def fit_budget(self, drafter, state) -> None:
+        """`auto_nodes`: at the first generation that allows it, measure `max_nodes` on `state`'s cache through
+        `drafter`'s verification forward (only in hf-spec's loop, for one sequence: a batch row or transformers'
+        assisted loop keeps the config's)."""
+        cfg = self.config
+        if not cfg.auto_nodes or self.verification_costs or not state.uses_verify_forward:
+            return
+        if state.cache is None or state.input_ids.shape[0] != 1:
+            return
+        self.max_nodes, self.verification_costs = measured_tree_budget(
+            drafter, state, cfg.max_nodes, cfg.auto_nodes_tolerance
+        )
+        logger.info(
+            "retrieval: verification seconds by tree size %s -> max_nodes %d",
+            {n: round(t, 4) for n, t in self.verification_costs.items()},
+            self.max_nodes,
+        )
 
     def matches(
         self, context: np.ndarray, depth: int, text: np.ndarray | None = None
@@ -109,7 +133,7 @@ class Retriever:
         if cfg.long_match and longest >= cfg.long_match:
             budget, keep = cfg.long_nodes, long_depth
         else:
-            budget, keep = (cfg.max_nodes if longest >= cfg.strong_match else cfg.weak_nodes), depth
+            budget, keep = (self.max_nodes if longest >= cfg.strong_match else cfg.weak_nodes), depth
             budget = min(budget, max_nodes) if max_nodes > 0 else budget
         sequences, weights = [], []
         for m, w in found:
@@ -121,9 +145,9 @@ class Retriever:
             sequences.append(lookup)
             weights.append(sum(weights) + 1.0)
             if max_nodes > 0 and lookup_whole:
-                budget = min(len(lookup) + max_nodes, cfg.max_nodes)
+                budget = min(len(lookup) + max_nodes, self.max_nodes)
             else:
-                cap = min(cfg.max_nodes, max_nodes) if max_nodes > 0 else cfg.max_nodes
+                cap = min(self.max_nodes, max_nodes) if max_nodes > 0 else self.max_nodes
                 budget = max(budget, min(len(lookup) + cfg.prompt_lookup_extra, cap))
         self.last_match, self.last_lookup = longest, lookup
         if not sequences:

@@ -117,6 +117,8 @@ class TalonDrafter(Drafter):
 
     # ---- lifecycle ---------------------------------------------------------------------------------
     def begin(self, state: SpecState) -> None:
+        if self.retriever is not None:  # before the drafters' own state, on the prompt's cache
+            self.retriever.fit_budget(self, state)
         if self.chain is not None:
             self.chain.parts.check_window(state.generation_config.max_length, "talon's exit-layer drafter")
             self.chain.begin(state.cache, state.input_ids[0].tolist())
