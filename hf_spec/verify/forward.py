@@ -8,6 +8,7 @@ does both on a live generation.
 
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
@@ -18,6 +19,8 @@ from hf_spec.kernels.screened_head import screened_lm_head, screening_applies
 from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
 from hf_spec.verify.cache import crop_cache
 from hf_spec.verify.windows import sequence_mask
+
+logger = logging.getLogger(__name__)
 
 
 def verification_inputs(
@@ -87,9 +90,19 @@ def flat_tree_budget(costs: dict[int, float], tolerance: float) -> int:
     return int(min(max((tolerance * one - intercept) / slope, 1), sizes[-1]))
 
 
-def measured_tree_budget(drafter, state, largest: int, tolerance: float) -> tuple[int, dict[int, float]]:
+def measured_tree_budget(
+    drafter, state, largest: int, tolerance: float, setting: str
+) -> tuple[int, dict[int, float]]:
     """Time verifications of five tree sizes from 1 to `largest` nodes on `state`'s cache (left as it was; see
-    `time_verifications`) and return `(flat_tree_budget(costs, tolerance), costs)`."""
+    `time_verifications`), log them as what decides `setting`, and return `(flat_tree_budget(costs, tolerance),
+    costs)`."""
     sizes = sorted({round(1 + i * (largest - 1) / 4) for i in range(5)})
     costs = time_verifications(drafter, state, sizes)
-    return flat_tree_budget(costs, tolerance), costs
+    budget = flat_tree_budget(costs, tolerance)
+    logger.info(
+        "verification seconds by tree size %s -> %s %d",
+        {n: round(t, 4) for n, t in costs.items()},
+        setting,
+        budget,
+    )
+    return budget, costs

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass, field
 
@@ -16,8 +15,6 @@ from hf_spec.methods.postuse.token_cache import TokenCache
 from hf_spec.methods.stepwise import DraftStep, StepwiseDrafter
 from hf_spec.tree.buffers import DraftTree
 from hf_spec.verify.forward import measured_tree_budget
-
-logger = logging.getLogger(__name__)
 
 EMA = 0.05  # smoothing of the measured draft-call and verification times
 # `max_tree_nodes: 0` where the loop verifies no tree of ours (batched rows, transformers' assisted loop)
@@ -141,12 +138,7 @@ class PostUseDrafter(Drafter):
         the largest tree that costs about as much as one node (once per drafter)."""
         cfg = self.config
         self.tree_budget, self.verification_costs = measured_tree_budget(
-            self, state, cfg.auto_tree_max, cfg.auto_tree_tolerance
-        )
-        logger.info(
-            "postuse: verification seconds by tree size %s -> max_tree_nodes %d",
-            {n: round(t, 4) for n, t in self.verification_costs.items()},
-            self.tree_budget,
+            self, state, cfg.auto_tree_max, cfg.auto_tree_tolerance, "postuse max_tree_nodes"
         )
 
     @property

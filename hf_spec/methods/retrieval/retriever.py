@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 
 import numpy as np
@@ -15,8 +14,6 @@ from hf_spec.methods.retrieval.config import RetrievalConfig
 from hf_spec.tree.buffers import DraftTree
 from hf_spec.tree.trie import retrieval_tree
 from hf_spec.verify.forward import measured_tree_budget
-
-logger = logging.getLogger(__name__)
 
 _LOADED: dict[tuple, Datastore] = {}  # one loaded datastore per (recipe key or path), shared by drafters
 
@@ -62,12 +59,7 @@ class Retriever:
         if state.cache is None or state.input_ids.shape[0] != 1:
             return
         self.max_nodes, self.verification_costs = measured_tree_budget(
-            drafter, state, cfg.max_nodes, cfg.auto_nodes_tolerance
-        )
-        logger.info(
-            "retrieval: verification seconds by tree size %s -> max_nodes %d",
-            {n: round(t, 4) for n, t in self.verification_costs.items()},
-            self.max_nodes,
+            drafter, state, cfg.max_nodes, cfg.auto_nodes_tolerance, "retrieval max_nodes"
         )
 
     def matches(
