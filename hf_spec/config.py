@@ -1,24 +1,107 @@
-"""Base class for method configurations: dataclasses that save to and load from a folder."""
+"""Base class of method configs: typed dataclasses that check their fields and save to / load from a folder.
+
+A method's config is a `@dataclass` subclass of `MethodConfig`. Its annotations are the schema, read once with
+`typing.get_type_hints`:
+
+- `int`, `float`, `bool`, `str`, `dict`: the value must be one (a bool is not a number here);
+- `Literal["a", "b"]`: one of those values (a `ValueError` lists them);
+- `X | None`: `None` switches the option off; `""` reads as `None` (how saved configs said "off" before
+  `config_version` 2);
+- a `MethodConfig` subclass (or `MethodConfig` itself: any registered method): a nested config, given as an
+  object or as its dict (built by the registry from the dict's `"method"`), saved back as the dict.
+
+Saved configs carry `config_version`. A file without it is version 1 and loads as it always did: options removed
+since then are accepted at the value that behaves as today's code does, and refused by name at any other value.
+"""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import json
 import numbers
 import os
+import types
+import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 CONFIG_NAME = "hf_spec_config.json"
+CONFIG_VERSION = 2  # 2: `None` for off (was `""`), typed nested configs, options removed (`removed_fields`)
+
+# packed draft weights (the schemes of `hf_spec.kernels.weight_only.SCHEMES`); `None`: the weights as loaded
+QuantizeScheme = Literal["int8", "int4"]
 
 # annotation -> accepted values (bools are not numbers here, though Python says they are ints)
-_FIELD_KINDS: dict[str, tuple[type, ...]] = {
-    "int": (numbers.Integral,),
-    "float": (numbers.Real,),
-    "bool": (bool,),
-    "str": (str,),
+_SCALARS: dict[type, tuple[type, ...]] = {
+    int: (numbers.Integral,),
+    float: (numbers.Real,),
+    bool: (bool,),
+    str: (str,),
+    dict: (dict,),
+    list: (list,),
 }
+_KIND_NAMES = {numbers.Integral: "int", numbers.Real: "float"}
+
+
+@dataclass(frozen=True)
+class FieldSchema:
+    """What one config field accepts, from its annotation."""
+
+    kinds: tuple[type, ...]  # accepted Python types (besides None and nested configs)
+    choices: tuple[Any, ...] | None = None  # a `Literal`'s values
+    optional: bool = False  # `None` allowed (off)
+    nested: type[MethodConfig] | None = None  # a nested config (`MethodConfig` itself: any method)
+
+    @property
+    def scalar(self) -> type | None:
+        """`int` or `float` where a command-line string must be converted to one, else None."""
+        for kind in (int, float):
+            if _SCALARS[kind] == self.kinds:
+                return kind
+        return None
+
+
+def _schema_of(annotation: Any) -> FieldSchema:
+    args = typing.get_args(annotation) if _is_union(annotation) else (annotation,)
+    kinds: list[type] = []
+    choices: tuple[Any, ...] | None = None
+    nested = None
+    for arg in args:
+        if arg is type(None):
+            continue
+        if typing.get_origin(arg) is Literal:
+            choices = typing.get_args(arg)
+            kinds += sorted({type(c) for c in choices}, key=str)
+        elif isinstance(arg, type) and issubclass(arg, MethodConfig):
+            nested = arg
+        elif typing.get_origin(arg) in _SCALARS:  # dict[str, int] and the like
+            kinds += _SCALARS[typing.get_origin(arg)]
+        elif arg in _SCALARS:
+            kinds += _SCALARS[arg]
+        else:
+            raise TypeError(
+                f"config fields take int, float, bool, str, dict, Literal or configs, not {arg!r}"
+            )
+    return FieldSchema(tuple(kinds), choices, type(None) in args, nested)
+
+
+def _is_union(annotation: Any) -> bool:
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType)
+
+
+@functools.cache
+def config_schema(cls: type[MethodConfig]) -> dict[str, FieldSchema]:
+    """Field name -> `FieldSchema` of a config class (its resolved annotations)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: _schema_of(hints[f.name]) for f in dataclasses.fields(cls)}
+
+
+def _choices_text(choices: tuple[Any, ...], optional: bool) -> str:
+    words = [repr(c) for c in choices] + (["None"] if optional else [])
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
 
 
 def read_config(path: str | os.PathLike) -> dict[str, Any]:
@@ -36,22 +119,66 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
     return data
 
 
+def build_config(data: dict[str, Any], base: type[MethodConfig], version: int | None = None) -> MethodConfig:
+    """A config from its dict: of class `base`, or, when `base` is `MethodConfig` itself, of the registered method
+    the dict's `"method"` names. `version`: the `config_version` to read it as when the dict carries none."""
+    if base is MethodConfig:
+        from hf_spec.registry import get_method  # the registry imports this module
+
+        if not isinstance(data.get("method"), str):
+            raise ValueError(f"a nested method config needs a 'method' name, got keys {sorted(data)}")
+        base = get_method(data["method"]).config_cls
+    return base.from_dict(data, version=version)
+
+
 @dataclass
 class MethodConfig:
     """Base config. Subclasses set `method` (the registry name) and, optionally, `main_arg`: the field that
-    `name:VALUE` on the command line sets (e.g. `early-exit:6` sets `exit_layer`)."""
+    `name:VALUE` on the command line sets (e.g. `early-exit:6` sets `exit_layer`).
+
+    `removed_fields` maps options a version-1 file may still hold to the value that behaves as the current code
+    does; see the module docstring.
+    """
 
     method: ClassVar[str] = ""
     main_arg: ClassVar[str | None] = None
+    removed_fields: ClassVar[dict[str, Any]] = {}
 
     def __post_init__(self) -> None:
-        """Check that every `int` / `float` / `bool` / `str` field holds one; subclasses that check ranges too
-        call this first."""
-        for f in dataclasses.fields(self):
-            kinds = _FIELD_KINDS.get(f.type if isinstance(f.type, str) else getattr(f.type, "__name__", ""))
-            value = getattr(self, f.name)
-            if kinds and (not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)):
-                raise TypeError(f"{self.method}: {f.name} must be {f.type}, got {value!r}")
+        """Normalise (`""` -> `None` where `None` is allowed, nested dicts -> configs) and check every field against
+        its annotation; subclasses that check ranges or combinations too call this first."""
+        for name, schema in config_schema(type(self)).items():
+            value = getattr(self, name)
+            if value == "" and schema.optional:
+                value = None
+            elif isinstance(value, dict) and schema.nested is not None:
+                value = build_config(value, schema.nested, CONFIG_VERSION)
+            setattr(self, name, value)
+            self._check_field(name, schema, value)
+
+    def _check_field(self, name: str, schema: FieldSchema, value: Any) -> None:
+        if value is None:
+            if not schema.optional:
+                raise TypeError(f"{self.method}: {name} must not be None")
+            return
+        if schema.nested is not None and isinstance(value, schema.nested):
+            return
+        if schema.nested is not None and not isinstance(value, schema.kinds):
+            forms = (["a method spec"] if str in schema.kinds else []) + ["a settings object"]
+            forms += ["null"] if schema.optional else []
+            what = forms[0] if len(forms) == 1 else ", ".join(forms[:-1]) + " or " + forms[-1]
+            raise ValueError(
+                f"{self.method}: {name} must be {what} (a dict or {schema.nested.__name__}), got {value!r}"
+            )
+        if schema.choices is not None:
+            if isinstance(value, bool) or value not in schema.choices:
+                allowed = _choices_text(schema.choices, schema.optional)
+                raise ValueError(f"{self.method}: {name} must be {allowed}, got {value!r}")
+            return
+        if not isinstance(value, schema.kinds) or (isinstance(value, bool) and bool not in schema.kinds):
+            names = [_KIND_NAMES.get(k, k.__name__) for k in schema.kinds]
+            names += [schema.nested.__name__] if schema.nested is not None else []
+            raise TypeError(f"{self.method}: {name} must be {' or '.join(names)}, got {value!r}")
 
     def require_at_least(self, minimum: float, *names: str) -> None:
         """Raise a `ValueError` naming the first field of `names` below `minimum`."""
@@ -60,7 +187,20 @@ class MethodConfig:
                 raise ValueError(f"{self.method}: {name} must be >= {minimum}, got {getattr(self, name)!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"method": self.method, **dataclasses.asdict(self)}
+        """The JSON object `save_pretrained` writes: `method`, `config_version`, then every field (nested configs as
+        their dicts)."""
+        return {"method": self.method, "config_version": CONFIG_VERSION, **self._field_dict()}
+
+    def _field_dict(self) -> dict[str, Any]:
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = (
+                {"method": value.method, **value._field_dict()}
+                if isinstance(value, MethodConfig)
+                else copy.deepcopy(value)
+            )
+        return out
 
     def save_pretrained(self, save_directory: str | os.PathLike) -> Path:
         path = Path(save_directory)
@@ -69,16 +209,41 @@ class MethodConfig:
         return path
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> MethodConfig:
+    def from_dict(cls, data: dict[str, Any], *, version: int | None = None) -> MethodConfig:
+        """A config from its JSON object. `version`: the `config_version` to read it as when `data` has none (a
+        nested config reads as its parent); top-level data without one is version 1."""
         data = dict(data)
         name = data.pop("method", cls.method)
         if name != cls.method:
             raise ValueError(f"config is for method {name!r}, not {cls.method!r}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
+        version = data.pop("config_version", version or 1)
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            raise ValueError(f"{cls.method}: config_version must be a positive integer, got {version!r}")
+        if version > CONFIG_VERSION:
+            raise ValueError(
+                f"{cls.method}: this config has config_version {version}; this hf-spec reads up to "
+                f"{CONFIG_VERSION} (upgrade hf-spec)"
+            )
+        if version == 1:
+            cls._drop_removed_fields(data)
+        schema = config_schema(cls)
+        unknown = sorted(set(data) - set(schema))
         if unknown:
-            raise ValueError(f"unknown {cls.method} config keys {unknown}; known: {sorted(known)}")
+            raise ValueError(f"unknown {cls.method} config keys {unknown}; known: {sorted(schema)}")
+        for key, value in data.items():
+            if isinstance(value, dict) and schema[key].nested is not None:
+                data[key] = build_config(value, schema[key].nested, version)
         return cls(**data)
+
+    @classmethod
+    def _drop_removed_fields(cls, data: dict[str, Any]) -> None:
+        """Version 1: drop options removed since, where they hold the value that behaves as today's code."""
+        for key, kept in cls.removed_fields.items():
+            if key in data and data.pop(key) != kept:
+                raise ValueError(
+                    f"{cls.method}: option {key!r} was removed (config_version 2); this config sets it to another "
+                    f"value than {kept!r}, which is how hf-spec behaves now: delete the key"
+                )
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> MethodConfig:
@@ -98,10 +263,9 @@ class MethodConfig:
             return cls.from_pretrained(arg)
         if cls.main_arg is None:
             raise ValueError(f"method {cls.method!r} takes a config path, not {arg!r}")
-        field = next(f for f in dataclasses.fields(cls) if f.name == cls.main_arg)
-        kind = field.type if isinstance(field.type, type) else eval(field.type, {})  # noqa: S307 - own annotation
+        kind = config_schema(cls)[cls.main_arg].scalar
         try:
-            value = kind(arg) if kind in (int, float) else arg
+            value = kind(arg) if kind is not None else arg
         except ValueError:
             raise ValueError(f"{cls.method}:{arg}: expected {kind.__name__} for {cls.main_arg}") from None
         return cls(**{cls.main_arg: value})

@@ -10,22 +10,16 @@ import torch
 from transformers import LogitsProcessorList, PreTrainedModel, StoppingCriteriaList, StopStringCriteria
 from transformers.utils import logging
 
-from hf_spec.batched import batched_generate
+from hf_spec.compat import generate_frame_local, streamer_from_generate_frame
 from hf_spec.config import MethodConfig
 from hf_spec.draft_switch import DraftSwitch
-from hf_spec.generate import (
-    SpecDecodeOutput,
-    SpecStats,
-    _streamer_from_generate_frame,
-    check_supported,
-    generate_frame_local,
-    speculative_generate,
-)
-from hf_spec.kernels.grouped_attention import grouped_attention
-from hf_spec.kernels.skinny_linear import fast_linears
+from hf_spec.engine.batch import batched_generate
+from hf_spec.engine.profile import target_profile
+from hf_spec.engine.rows import generate_rows, row_config
+from hf_spec.engine.sequence import check_supported, speculative_generate
 from hf_spec.methods.base import Drafter
+from hf_spec.outputs import SpecDecodeOutput, SpecStats, combine_stats
 from hf_spec.registry import get_method, parse_method
-from hf_spec.rows import combine_stats, generate_rows, row_config
 
 logger = logging.get_logger(__name__)
 
@@ -38,20 +32,20 @@ class SpeculativeDecoder:
         >>> out = model.generate(**inputs, max_new_tokens=64, custom_generate=decoder)
         >>> decoder.last_stats.tau
 
-    A batch (left-padded, as transformers wants for decoder-only models) is decoded one row at a time with the
-    same drafter and written back as transformers lays out a batch (see `hf_spec.rows.generate_rows`).
+    A batch (left-padded, as transformers wants for decoder-only models) is verified in one forward per round
+    where the drafter allows it, else decoded row by row; either way it is written back as transformers lays out a
+    batch (see `batches`).
 
     Args:
         method: a registry spec (`"name"` or `"name:arg"`), a `MethodConfig`, or a ready `Drafter`.
         tokenizer: passed to drafters that need one.
         seed: seeds the acceptance sampler (only used with `do_sample=True`).
         batches: how a batch (or a padded prompt) is decoded. `"batched"`: every row's tree verified in one
-            target forward per round, one drafter copy per row (`hf_spec.batched`; drafters with `batchable`:
+            target forward per round, one drafter copy per row (`hf_spec.engine.batch`; drafters with `batchable`:
             pld, retrieval, eagle, lyanna); `"rows"`: row by row with speculation (any drafter); `"auto"`
             (default): batched where the drafter allows, and there round by round a tree or a plain step,
             whichever commits more tokens per second as measured (`hf_spec.draft_switch`), else rows;
-            `"plain"`: transformers' own decoding, no speculation, its linears and one-row attention on
-            hf-spec's CPU kernels where they apply (`last_stats` None).
+            `"plain"`: transformers' own decoding, no speculation, inside the target's kernel backend (`last_stats` None).
     """
 
     def __init__(
@@ -101,7 +95,7 @@ class SpeculativeDecoder:
     ) -> torch.Tensor | SpecDecodeOutput:
         # transformers drops `streamer` and `tokenizer` before calling a callable custom_generate; `stop_strings`
         # is declared here so transformers hands it to us, and we build its criterion with our tokenizer
-        streamer = model_kwargs.pop("streamer", None) or _streamer_from_generate_frame()
+        streamer = model_kwargs.pop("streamer", None) or streamer_from_generate_frame()
         if generate_frame_local("assistant_model") is not None:  # transformers drops it for custom_generate
             raise ValueError(
                 "custom_generate=SpeculativeDecoder(...) already speculates: drop assistant_model (to pass an hf-spec "
@@ -147,7 +141,7 @@ class SpeculativeDecoder:
         """A batch, `num_return_sequences` copies or a padded prompt, as `self.batches` says."""
         if self.batches == "plain":  # transformers' own loop, its linears and attention on hf-spec's kernels
             self.last_stats = None
-            with fast_linears(model), grouped_attention(model):
+            with target_profile(model).backend.plain_decoding(model):
                 return type(model)._sample(
                     model, input_ids, logits_processor, stopping_criteria, generation_config, streamer=streamer,
                     **model_kwargs,

@@ -1,12 +1,11 @@
 """Whether drafting pays for a batch, decided from rounds timed as they run.
 
 At batch size B one verification forward takes B * (1 + nodes) query rows. On a GPU a few extra rows per sequence
-cost next to nothing; on a CPU they cost compute: measured on a 2-core AMD EPYC (float32, Qwen2.5-Coder-0.5B, batch
-5, 96 new tokens), HASS chain-of-2 rounds ran at 1.93x stock batched `generate`, its 12-node trees at 0.59x, and
-plain batched decoding on hf-spec's kernels at 2.27x. A round with no tree is exactly such a plain step (one row
-per sequence), so the batched loop can do either in any round, with the same output. `DraftSwitch` keeps the
-committed tokens per second of both kinds of round and drafts while drafted rounds are faster, trying the other
-kind again now and then (the cache grows, rows leave the batch, acceptance changes with the text).
+cost next to nothing; on a CPU they cost compute, and with several rows a plain batched step can commit more tokens
+per second than drafted rounds. A round with no tree is exactly such a plain step (one row per sequence), so the
+batched loop can do either in any round, with the same output. `DraftSwitch` keeps the committed tokens per second
+of both kinds of round and drafts while drafted rounds are faster, trying the other kind again now and then (the
+cache grows, rows leave the batch, acceptance changes with the text).
 """
 
 from __future__ import annotations

@@ -15,13 +15,13 @@ import torch
 from transformers import PreTrainedModel
 from transformers.generation.candidate_generator import CandidateGenerator
 
+from hf_spec.compat import generate_frame_local, passed_cache
 from hf_spec.config import MethodConfig
 from hf_spec.decoder import SpeculativeDecoder
-from hf_spec.generate import generate_frame_local
+from hf_spec.engine.round import propose_within_room
 from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
-from hf_spec.tree.buffers import DraftTree
-from hf_spec.verify.cache import passed_cache
+from hf_spec.tree import DraftTree
 
 AssistantLike = SpeculativeDecoder | Drafter | MethodConfig
 
@@ -33,6 +33,7 @@ def _as_decoder(assistant: AssistantLike) -> SpeculativeDecoder:
 class HfSpecCandidateGenerator(CandidateGenerator):
     """Runs an hf-spec drafter inside transformers' own assisted loop (`_assisted_decoding`).
 
+    The round engine's propose and observe steps run here; the forward, acceptance and commit are transformers'.
     That loop verifies one chain, so a tree is cut to its first branch (each node's first child). Proposals
     without `draft_probs` go out with `candidate_logits=None`, which transformers treats as deterministic.
     Drafters that need the target's hidden states (EAGLE heads) get them through the loop's
@@ -76,9 +77,8 @@ class HfSpecCandidateGenerator(CandidateGenerator):
             )
         self.last_round = None
         self.state.input_ids, self.state.cache = input_ids, cache
-        room = self.generation_config.max_length - input_ids.shape[1]
-        tree = self.drafter.propose(self.state, max_depth=max(room - 1, 0))
-        self.chain = _first_branch(tree.truncate_depth(max(room - 1, 0)))
+        with self.state.backend.drafting(self.model):
+            self.chain = _first_branch(propose_within_room(self.drafter, self.state))
         candidates = torch.cat([input_ids, self.chain.tokens.view(1, -1).to(input_ids.device)], dim=1)
         logits = None
         if self.chain.draft_probs is not None and bool(self.chain.draft_probs.any(dim=-1).all()):

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 
 from hf_spec.config import MethodConfig, read_config
+from hf_spec.hub_ids import config_from_hub
 
 
 @dataclass(frozen=True)
@@ -49,11 +50,15 @@ def parse_method(spec: str | MethodConfig) -> MethodConfig:
     if isinstance(spec, MethodConfig):
         return spec
     name, sep, arg = spec.partition(":")
-    if sep and name in list_methods():  # `name:ARG`, where ARG may itself be a config path
-        return get_method(name).config_cls.from_cli_arg(arg or None)
+    if sep and name in list_methods():  # `name:ARG`, where ARG may itself be a config path or Hub id
+        cls = get_method(name).config_cls
+        return config_from_hub(arg, cls) or cls.from_cli_arg(arg or None)
     if spec.endswith(".json") or os.path.isdir(spec):  # a saved config: its "method" key says which
         data = read_config(spec)
         return get_method(data.get("method", "")).config_cls.from_dict(data)
+    hub = config_from_hub(spec)  # `org/name[@revision]`: a saved config on the Hub
+    if hub is not None:
+        return hub
     return get_method(name).config_cls.from_cli_arg(arg or None)
 
 

@@ -9,8 +9,9 @@ case $target in
   qwen2.5-coder-0.5b-instruct) vocab=32768; epochs=4 ;;
   *) echo "unknown target $target" >&2; exit 2 ;;
 esac
-# training prompts: the defaults of `hf-spec data` (ShareGPT + Alpaca seed tasks; never evaluation prompts)
+# training prompts: ShareGPT + Alpaca seed tasks (never evaluation prompts)
 common=(--target "$target" --cached-only
+        --prompts ../shared/data/train/sharegpt_1000.json --prompts ../shared/data/train/alpaca_seed_tasks.jsonl
         --draft-vocab "$vocab" --epochs "$epochs" --threads "${THREADS:-2}")
 case $kind in
   hass) exec hf-spec train eagle "${common[@]}" --align-steps 3 --topk 10 --out "model_cards/hass-$target" "$@" ;;

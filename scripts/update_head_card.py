@@ -1,8 +1,12 @@
-"""Rewrite a saved head's model card (README.md) with measured rows from `hf-spec bench` results.
+"""Rewrite the model card (README.md) of a head folder or an exit-heads folder, with a results table from
+`hf-spec bench` results.
 
-Usage: python scripts/update_head_card.py <head folder> <results.json> [<results.json> ...]
-Every method in a results file whose spec names the head folder (directly or through a config whose "head" is
-that folder) adds a row: prompts, tau, speedup vs `ar`, machine, date and the bench command.
+Usage: python scripts/update_head_card.py <folder> [<results.json> ...]   (run from the repository root)
+
+A method of a results file measures the folder when its spec names it: directly (`eagle:<folder>`), or through a
+config whose `head` or `exit_heads` is the folder (also inside a wrapped `drafter`). Without results files the card
+is rewritten with no results table. `benchmarks/canonical.py report` calls `update_card` for every committed
+folder with the canonical run's results.
 """
 
 from __future__ import annotations
@@ -11,17 +15,36 @@ import json
 import sys
 from pathlib import Path
 
-from hf_spec.heads.card import head_card
+from hf_spec.bench.plots import run_target, short_label
+from hf_spec.heads.card import exit_heads_card, head_card
 
 
-def names_head(method: str, folder: Path) -> bool:
+def _same(path: str | None, folder: Path) -> bool:
+    return bool(path) and Path(path).resolve() == folder.resolve()
+
+
+def _config_names(data: dict, folder: Path) -> bool:
+    """Whether a method config (a dict) uses `folder` as its head or exit heads, or wraps a drafter that does."""
+    if _same(data.get("head"), folder) or _same(data.get("exit_heads"), folder):
+        return True
+    inner = data.get("drafter")
+    if isinstance(inner, dict):
+        return _config_names(inner, folder)
+    if isinstance(inner, str):
+        return names_folder(inner, folder)
+    return False
+
+
+def names_folder(method: str, folder: Path) -> bool:
+    """Whether a bench method spec measures `folder` (see the module docstring)."""
     _, _, arg = method.partition(":")
     if not arg:
         return False
     path = Path(arg)
-    if path.is_file():
-        head = json.loads(path.read_text()).get("head", "")
-        return bool(head) and Path(head).resolve() == folder.resolve()
+    if path.is_file() and path.suffix == ".json":
+        return _config_names(json.loads(path.read_text()), folder)
+    if ":" in arg:  # a wrapped spec: postuse:eagle:<folder>
+        return names_folder(arg, folder)
     return path.resolve() == folder.resolve()
 
 
@@ -30,36 +53,63 @@ def measured_rows(folder: Path, results_files: list[str]) -> list[dict]:
     for name in results_files:
         results = json.loads(Path(name).read_text())
         machine = results["machine"]
+        target = run_target(results)
         for method, entry in results["summary"].items():
-            if names_head(method, folder):
+            if names_folder(method, folder):
                 rows.append(
                     {
                         "method": method,
+                        "label": short_label(method, target),
                         "prompts": entry["prompts"],
                         "tau": entry["tau"],
                         "speedup": entry["speedup_vs_ar"],
-                        "machine": f"{machine['cpu']}, {machine['torch_threads']} threads, {machine.get('dtype', 'float32')}",
-                        "date": machine["date"],
+                        "tokens_per_s": entry.get("tokens_per_s"),
+                        "machine": f"{machine['cpu']}, {machine['torch_threads']} threads, "
+                        f"{machine.get('dtype', 'float32')}",
+                        "date": machine["date"].split(" ")[0],
                         "command": results.get("command", ""),
                     }
                 )
     return rows
 
 
-def main() -> None:
-    folder, results_files = Path(sys.argv[1]), sys.argv[2:]
-    report = json.loads((folder / "training_report.json").read_text())
-    recipe = json.loads((folder / "hf_spec_config.json").read_text())
+def _exit_heads_command(folder: Path, config: dict) -> str:
+    """The training command: recorded in the config by newer runs, else the one the old card's `## Command` shows."""
+    command = config.get("training", {}).get("command")
+    if command:
+        return command
+    card = (folder / "README.md").read_text() if (folder / "README.md").is_file() else ""
+    block = card.split("## Command", 1)[-1].split("```")
+    return block[1].strip().removeprefix("bash").strip() if len(block) > 2 else ""
+
+
+def update_card(folder: str | Path, results_files: list[str]) -> int:
+    """Rewrite `folder`'s README.md; returns the number of measured rows (a head's: those of its own method)."""
+    folder = Path(folder)
     config = json.loads((folder / "config.json").read_text())
-    method = recipe["method"]
-    kind = "Lyanna" if method == "lyanna" else ("HASS" if folder.name.startswith("hass") else "EAGLE")
-    target = Path(config["target"]["name_or_path"]).name
     rows = measured_rows(folder, results_files)
-    if not rows:
-        raise SystemExit(f"no method in {results_files} uses {folder}")
-    card = head_card(kind, method, target, report, report.get("command", ""), rows)
+    if (folder / "training_report.json").is_file():  # a draft head
+        report = json.loads((folder / "training_report.json").read_text())
+        method = json.loads((folder / "hf_spec_config.json").read_text())["method"]
+        kind = (
+            "Lyanna" if method == "lyanna" else ("HASS" if report.get("config", {}).get("topk") else "EAGLE")
+        )
+        target = Path(config["target"]["name_or_path"]).name
+        # the head's own method only, not hybrids that use it
+        rows = [r for r in rows if r["method"].partition(":")[0] == method]
+        card = head_card(kind, method, target, report, report.get("command", ""), rows)
+    else:  # exit heads
+        card = exit_heads_card(config, _exit_heads_command(folder, config), rows)
     (folder / "README.md").write_text(card)
-    print(f"{folder}/README.md: {len(rows)} measured row(s)")
+    return len(rows)
+
+
+def main() -> None:
+    if len(sys.argv) < 2:
+        raise SystemExit(__doc__)
+    folder, results_files = Path(sys.argv[1]), sys.argv[2:]
+    count = update_card(folder, results_files)
+    print(f"{folder}/README.md: {count} measured row(s)")
 
 
 if __name__ == "__main__":

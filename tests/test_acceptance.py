@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 import torch
 
-from hf_spec.tree.buffers import DraftTree
+from hf_spec.tree.draft_tree import DraftTree
 from hf_spec.verify.acceptance import accept_greedy, accept_sampling
 from tests.stats import chi2_pvalue
 

@@ -14,7 +14,8 @@ from hf_spec import SpeculativeDecoder
 from hf_spec.config import MethodConfig
 from hf_spec.methods.base import Drafter, SpecState
 from hf_spec.methods.hispec.config import HiSpecConfig
-from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
+from hf_spec.tree.draft_tree import DraftTree
+from hf_spec.tree.masks import tree_attention_mask, tree_position_ids
 from hf_spec.verify.windows import attention_windows, sequence_mask, target_cache, windowed_mask
 from tests.conftest import CACHE, assert_equal_up_to_ties, prompt_ids, tiny_fields
 

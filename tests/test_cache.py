@@ -6,7 +6,8 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
+from hf_spec.tree.draft_tree import DraftTree
+from hf_spec.tree.masks import tree_attention_mask, tree_position_ids
 from hf_spec.verify.cache import compact_cache, crop_cache
 from tests.conftest import CACHE
 

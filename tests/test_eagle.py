@@ -19,10 +19,10 @@ from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER, save_head_folder
 from hf_spec.methods.base import SpecState
 from hf_spec.methods.eagle import EagleConfig, EagleDrafter
 from hf_spec.methods.eagle.drafter import load_head
-from hf_spec.methods.head_drafter import causal_mask
 from hf_spec.methods.postuse import PostUseConfig, PostUseDrafter
 from hf_spec.training.features import FeatureStore, capture_features
 from hf_spec.training.responses import Conversation
+from hf_spec.tree.masks import causal_mask
 from tests.conftest import CACHE, OUTPUT_CACHE, make_tiny_model, prompt_ids, run_in_bfloat16
 
 

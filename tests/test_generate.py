@@ -306,7 +306,7 @@ def test_a_cache_under_an_unknown_name_is_named_in_the_error(tiny_llama):
     says what it was given instead of asking for `use_cache=True`."""
     from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
-    from hf_spec.generate import speculative_generate
+    from hf_spec.engine.sequence import speculative_generate
 
     drafter = SpeculativeDecoder("pld").drafter_for(tiny_llama)
     with pytest.raises(ValueError, match=r"no KV cache among the model_kwargs .*\['kv_state', 'use_cache'\]"):

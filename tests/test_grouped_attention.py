@@ -8,7 +8,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from hf_spec import SpeculativeDecoder
 from hf_spec.kernels import grouped_attention as ga
-from hf_spec.tree.buffers import DraftTree, tree_attention_mask
+from hf_spec.tree.draft_tree import DraftTree
+from hf_spec.tree.masks import tree_attention_mask
 from tests.conftest import prompt_ids
 
 
@@ -47,7 +48,7 @@ def test_equals_sdpa_with_causal_and_tree_masks(heads, kv_heads, rows):
 
 def test_batched_rows_with_masks_of_their_own_equal_sdpa():
     """A batch whose rows each have their own 4D mask (hf-spec's batched verification), and a shared one."""
-    from hf_spec.batched import block_mask
+    from hf_spec.tree.masks import block_mask
 
     q, k, v = _inputs(14, 2, 4, 20, seed=3, batch=3)
     valid = torch.rand(3, 16, generator=torch.Generator().manual_seed(1)) > 0.3

@@ -17,7 +17,7 @@ from hf_spec.methods.lyanna import LyannaConfig, LyannaDrafter
 from hf_spec.methods.lyanna.drafter import load_lyanna_head
 from hf_spec.methods.lyanna.token_tree import token_info_tree
 from hf_spec.training.features import capture_features
-from hf_spec.tree.scored import ScoredTree, fuse, prune
+from hf_spec.tree.scored import ScoredTree, fuse_scored, prune_scored
 from tests.conftest import make_tiny_model, prompt_ids, run_in_bfloat16
 from tests.test_eagle import tiny_conversations
 
@@ -76,14 +76,14 @@ def test_algorithm1_and_2_match_plain_reference(root_token):
 
 def test_prune_keeps_best_joint_with_ancestors():
     tree = ScoredTree([1, 2, 3, 4], [-1, -1, 0, 2], [-0.1, -0.5, -0.2, -0.3], [1, 1, 2, 3])
-    pruned = prune(tree, 3)
+    pruned = prune_scored(tree, 3)
     assert pruned.tokens == [1, 3, 4] and pruned.parents == [-1, 0, 1]
 
 
 def test_fuse_matches_reference_merge():
     a = ScoredTree([1, 2, 3], [-1, 0, -1], [-0.1, -0.3, -1.0], [1, 2, 1])
     b = ScoredTree([1, 5, 2], [-1, 0, 0], [-0.2, -0.4, -0.25], [1, 2, 2])
-    fused = fuse(a, b)
+    fused = fuse_scored(a, b)
     paths = dict(zip(fused.paths(), fused.joint, strict=True))
     assert paths == {(1,): -0.1, (3,): -1.0, (1, 2): -0.25, (1, 5): -0.4}
     assert all(p < i for i, p in enumerate(fused.parents))

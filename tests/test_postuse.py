@@ -18,11 +18,12 @@ from hf_spec.methods.draft_model.drafter import DraftModelDrafter
 from hf_spec.methods.early_exit.config import EarlyExitConfig
 from hf_spec.methods.early_exit.drafter import EarlyExitDrafter
 from hf_spec.methods.postuse import PostUseConfig, PostUseDrafter, PreCutController, TokenCache
-from hf_spec.methods.postuse.branches import agreeing_runs, graft, windows
+from hf_spec.methods.postuse.branches import agreeing_runs, windows
 from hf_spec.methods.postuse.controller import CONTINUE, STOP
-from hf_spec.methods.stepwise import step_tree
 from hf_spec.registry import parse_method
-from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
+from hf_spec.tree.draft_tree import DraftTree
+from hf_spec.tree.fusion import graft
+from hf_spec.tree.masks import tree_attention_mask, tree_position_ids
 from hf_spec.verify.cache import cache_kwargs
 from hf_spec.verify.forward import flat_tree_budget, time_verifications
 from tests.conftest import CACHE, make_tiny_model, prompt_ids
@@ -243,7 +244,7 @@ def test_draft_step_branches_equal_separate_forwards(tiny_model, kind):
 
 
 def test_step_tree_layout():
-    tree = step_tree([1, 2], [[3, 4], [5]])
+    tree = DraftTree.chain_with_branches([1, 2], [[3, 4], [5]])
     assert tree.tokens.tolist() == [2, 3, 4, 5] and tree.parents.tolist() == [-1, 0, 1, 0]
 
 
@@ -304,13 +305,15 @@ def test_q_table_save_load_and_freeze(tmp_path):
 
 
 def test_rewards_useful_and_accepted(tiny_llama):
-    from hf_spec.methods.postuse.drafter import _Round
+    from hf_spec.methods.postuse.drafter import PostUseRound
 
     for reward, expected in [("useful", [1, 3]), ("accepted", [1, 1]), ("committed", [2, 2])]:
         drafter = PostUseDrafter(
             PostUseConfig(drafter="early-exit:2", reward=reward, target_cost=2.0), tiny_llama
         )
-        rnd = _Round([0, 1, 2, 3, 4], [0, 1, 2, 3], call_ends=[2, 4], states=[(1, 0), (2, 0)], grafted_from=4)
+        rnd = PostUseRound(
+            [0, 1, 2, 3, 4], [0, 1, 2, 3], call_ends=[2, 4], states=[(1, 0), (2, 0)], grafted_from=4
+        )
         got = drafter._rewards(rnd, [True, False, True, True])
         assert got == pytest.approx([expected[0] / 3 - 1, expected[1] / 4 - 1])
 

@@ -7,7 +7,8 @@ import torch
 from transformers import pipeline
 
 from hf_spec import SpeculativeDecoder
-from hf_spec.rows import combine_stats, left_padding
+from hf_spec.engine.rows import left_padding
+from hf_spec.outputs import combine_stats
 from tests.conftest import OUTPUT_CACHE, assert_equal_up_to_ties, prompt_ids
 from tests.test_generate import Collect
 
@@ -237,8 +238,9 @@ def test_plain_bfloat16_batches_run_hf_specs_attention_and_match_generate(tiny_l
 def test_block_mask_and_kept_slots_against_brute_force(tiny_llama):
     from transformers import DynamicCache
 
-    from hf_spec.batched import block_mask, keep_slots
-    from hf_spec.tree.buffers import DraftTree
+    from hf_spec.engine.batch import keep_slots
+    from hf_spec.tree.draft_tree import DraftTree
+    from hf_spec.tree.masks import block_mask
 
     valid = torch.tensor([[False, True, True], [True, True, True]])
     trees = [DraftTree.chain([5, 6]), DraftTree.empty()]
@@ -291,7 +293,7 @@ def test_an_error_mid_batch_leaves_everything_usable(tiny_llama):
 def test_squeezed_cache_keeps_each_rows_slots_in_order():
     from transformers import DynamicCache, LlamaConfig
 
-    from hf_spec.batched import squeeze_holes
+    from hf_spec.engine.batch import squeeze_holes
 
     valid = torch.tensor([[False, True, False, True, True], [True, False, False, False, True]])
     cache = DynamicCache(config=LlamaConfig(num_hidden_layers=1, num_attention_heads=1, hidden_size=4))
@@ -305,7 +307,7 @@ def test_squeezed_cache_keeps_each_rows_slots_in_order():
 
 
 def test_batched_generation_with_the_cache_squeezed_every_round(tiny_llama, monkeypatch):
-    import hf_spec.batched as batched
+    import hf_spec.engine.batch as batched
 
     monkeypatch.setattr(batched, "MIN_HOLES", 0)
     monkeypatch.setattr(batched, "HOLE_SHARE", 0.0)

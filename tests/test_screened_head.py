@@ -14,7 +14,7 @@ from hf_spec.kernels import screened_head as sh
 from hf_spec.kernels import skinny_linear as sl
 from hf_spec.kernels.screened_head import Int8Screen, screened_lm_head, screening_applies
 from hf_spec.methods.base import Drafter
-from hf_spec.tree.buffers import DraftTree
+from hf_spec.tree.draft_tree import DraftTree
 from tests.conftest import make_tiny_model, prompt_ids
 
 

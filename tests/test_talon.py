@@ -19,8 +19,9 @@ from hf_spec.methods.talon.config import TalonConfig
 from hf_spec.methods.talon.drafter import TalonDrafter
 from hf_spec.methods.talon.overlap import THREAD_PREFIX
 from hf_spec.methods.talon.preverify import finish_verification, pre_verify
-from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
+from hf_spec.tree.draft_tree import DraftTree
 from hf_spec.tree.fusion import fuse_trees
+from hf_spec.tree.masks import tree_attention_mask, tree_position_ids
 from hf_spec.verify.forward import flat_tree_budget
 from tests.conftest import CACHE, make_tiny_model, prompt_ids
 from tests.stats import sampled_marginals_pvalues
@@ -496,7 +497,7 @@ def test_bad_configs_are_clear_errors(tiny_llama):
     with pytest.raises(ValueError, match="both_nodes and skip_match must be >= 0"):
         TalonConfig(both_nodes=-1, switch="best")
     for bad, message in [
-        (dict(draft_ahead=4), "apply to mode 'async' only"),
+        (dict(verify_threads=2), "apply to mode 'async' only"),
         (dict(mode="async", async_min_acceptance=2.0), r"async_min_acceptance must be in \[0, 1\]"),
         (dict(drafter="", mode="async"), "need the model drafter"),
         (dict(drafter="", extend_tokens=3), "need the model drafter"),

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import DynamicCache
 
-from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
+from hf_spec.tree.draft_tree import DraftTree
+from hf_spec.tree.masks import tree_attention_mask, tree_position_ids
 from tests.conftest import CACHE
 
 

@@ -7,9 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hf_spec.tree.buffers import DraftTree
+from hf_spec.tree.draft_tree import DraftTree
 from hf_spec.tree.fusion import fuse_trees, fused_path, matched_depth
-from hf_spec.tree.trie import build_trie, prune_trie, retrieval_tree
+from hf_spec.tree.retrieval import prune_by_frequency, retrieval_tree, weighted_trie
 
 
 def paths(tree: DraftTree) -> list[tuple[int, ...]]:
@@ -40,10 +40,10 @@ seqs_strategy = st.lists(
 @given(seqs_strategy, st.integers(0, 12))
 @settings(max_examples=300, deadline=None)
 def test_prune_equals_lowest_leaf_removal(weighted, max_nodes):
-    tokens, parents, freq = build_trie([s for s, _ in weighted], [w for _, w in weighted])
+    tokens, parents, freq = weighted_trie([s for s, _ in weighted], [w for _, w in weighted])
     for i, p in enumerate(parents):  # cumulative: a parent's frequency covers its children's
         assert p < 0 or freq[p] >= freq[i]
-    keep = prune_trie(parents, freq, max_nodes)
+    keep = prune_by_frequency(parents, freq, max_nodes)
     assert set(keep.nonzero()[0].tolist()) == reference_prune(parents, freq, max_nodes)
 
 

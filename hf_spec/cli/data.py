@@ -12,13 +12,15 @@ from hf_spec.cli.common import (
     resolve_dtype,
     set_threads,
 )
-from hf_spec.training.data import DEFAULT_PROMPTS
 
 
 def add_data_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, help="target model: known name or local folder")
     parser.add_argument(
-        "--prompts", action="append", help=f"training prompt files (default: {DEFAULT_PROMPTS})"
+        "--prompts",
+        action="append",
+        required=True,
+        help="training prompt file (ShareGPT .json or Alpaca-style .jsonl; never evaluation prompts); repeatable",
     )
     parser.add_argument(
         "--seed-cache", help="JSONL of earlier answers by this target to import instead of generating"

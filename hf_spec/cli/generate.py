@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from transformers import TextStreamer
 
     from hf_spec import SpeculativeDecoder
-    from hf_spec.bench.runner import encode_chat
+    from hf_spec.bench.prompts import encode_chat
     from hf_spec.registry import parse_method
 
     parse_method(args.method)  # a bad method spec fails before the model loads
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _compare(model, input_ids: torch.Tensor, out: torch.Tensor, ref: torch.Tensor) -> str:
     """'yes', or where the outputs part and whether the two choices were a numeric tie in the model's dtype."""
-    from hf_spec.bench.runner import compare_greedy
+    from hf_spec.bench.lossless import compare_greedy
     from hf_spec.models import dtype_name
 
     start = input_ids.shape[1]

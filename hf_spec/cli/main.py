@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import pkgutil
 import sys
+
+from hf_spec import envs
 
 # every module of this package but these defines one sub-command with `add_parser(subparsers)`
 _NOT_COMMANDS = {"main", "common", "argtypes"}
@@ -53,7 +54,7 @@ def console_main(argv: list[str] | None = None) -> int:
     try:
         return main(argv)
     except _INPUT_ERRORS as err:
-        if os.environ.get("HF_SPEC_DEBUG", "").strip() not in ("", "0"):
+        if envs.HF_SPEC_DEBUG:
             raise
         message = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
         print(

@@ -1,4 +1,4 @@
-"""`hf-spec methods`: the registered methods and their options."""
+"""`hf-spec methods`: the registered methods and their options (default, allowed values, help)."""
 
 from __future__ import annotations
 
@@ -13,18 +13,28 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hf_spec.config import config_schema
     from hf_spec.registry import get_method, list_methods
 
     for name in list_methods():
         cfg = get_method(name).config_cls
         print(f"{name}  (name:VALUE sets {cfg.main_arg})" if cfg.main_arg else name)
+        schema = config_schema(cfg)
         for f in dataclasses.fields(cfg):
-            print(f"    {f.name} = {_default(f)!r}: {f.metadata.get('help', '')}")
+            choices, allowed = schema[f.name].choices, ""
+            if choices:
+                allowed = f" [{' | '.join(map(repr, choices))}{' | None' if schema[f.name].optional else ''}]"
+            print(f"    {f.name} = {_default(f)}{allowed}: {f.metadata.get('help', '')}")
     return 0
 
 
-def _default(f: dataclasses.Field):
-    """A field's default value, whether given as a value or as a factory."""
+def _default(f: dataclasses.Field) -> str:
+    """A field's default value, whether given as a value or as a factory (a nested config: its method's defaults)."""
+    from hf_spec.config import MethodConfig
+
     if f.default is not dataclasses.MISSING:
-        return f.default
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else "(required)"
+        return repr(f.default)
+    if f.default_factory is dataclasses.MISSING:
+        return "(required)"
+    value = f.default_factory()
+    return f"{value.method} defaults" if isinstance(value, MethodConfig) else repr(value)

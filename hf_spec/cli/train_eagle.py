@@ -104,7 +104,6 @@ def train_and_save(args: argparse.Namespace, cfg, train_fn, recipe_cls, kind: st
     from hf_spec.heads.card import head_card
     from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER, save_head_folder
     from hf_spec.output_folder import check_output_folder, holds_model_type
-    from hf_spec.training.data import DEFAULT_PROMPTS
     from hf_spec.training.features import capture_features
     from hf_spec.training.responses import prompt_id_of
 
@@ -124,7 +123,7 @@ def train_and_save(args: argparse.Namespace, cfg, train_fn, recipe_cls, kind: st
     head, report = train_fn(model, sequences, run_dir, cfg, groups=groups)
     command = "hf-spec " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     report["command"] = command
-    report["prompt_files"] = args.prompts or DEFAULT_PROMPTS
+    report["prompt_files"] = args.prompts
     head.config.training = report
     card = head_card(kind, recipe_cls.method, Path(args.target).name, report, command)
     save_head_folder(head, out, recipe_cls(head=HEAD_IN_THIS_FOLDER), card)

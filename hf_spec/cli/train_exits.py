@@ -11,8 +11,6 @@ from pathlib import Path
 from hf_spec.cli.argtypes import int_at_least, nonnegative_int, positive_float, positive_int
 from hf_spec.cli.common import add_device_argument, load_target, set_threads
 
-DEFAULT_DATA = "../shared/data/train/responses/{target}.jsonl"
-
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
@@ -24,8 +22,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output folder (config.json, model.safetensors, README.md)")
     p.add_argument(
         "--data",
-        default=DEFAULT_DATA,
-        help="response cache .jsonl with 'prompt' and 'response' (training prompts only, never eval)",
+        required=True,
+        help="response cache .jsonl with 'prompt' and 'response' (training prompts only, never eval); "
+        "'{target}' in it is replaced by the target's folder name",
     )
     p.add_argument(
         "--rank", type=nonnegative_int, default=64, help="rank of each adapter's low-rank correction"
@@ -48,8 +47,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--vocab-texts",
-        default="../shared/data/train/sharegpt_1000.json,../shared/data/train/alpaca_seed_tasks.jsonl",
-        help="comma list of training files whose texts count for the draft vocabulary (besides --data)",
+        default="",
+        help="comma list of training files (ShareGPT .json, Alpaca-style .jsonl) whose texts count for the draft "
+        "vocabulary besides --data (default: --data alone)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -64,18 +64,13 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm.auto import tqdm
 
-    from hf_spec.bench.runner import machine_info
+    from hf_spec.bench.machine import machine_info
+    from hf_spec.heads.exits.card import model_card
     from hf_spec.heads.exits.config import MODEL_TYPE
+    from hf_spec.heads.exits.data import load_training_rows, tokenize_rows
+    from hf_spec.heads.exits.features import extract_cached
     from hf_spec.heads.exits.model import ExitHeads
-    from hf_spec.heads.exits.train import (
-        evaluate_heads,
-        extract_cached,
-        load_training_rows,
-        model_card,
-        timed,
-        tokenize_rows,
-        train_heads,
-    )
+    from hf_spec.heads.exits.train import evaluate_heads, timed, train_heads
     from hf_spec.output_folder import check_output_folder, holds_model_type
 
     set_threads(args.threads)
@@ -91,6 +86,10 @@ def run(args: argparse.Namespace) -> int:
     data = args.data.format(target=Path(args.target).name)
     if not Path(data).is_file():
         print(f"no training data at {data} (pass --data)", file=sys.stderr)
+        return 2
+    missing = [path for path in filter(None, args.vocab_texts.split(",")) if not Path(path).is_file()]
+    if missing:
+        print(f"--vocab-texts: no file {missing[0]}", file=sys.stderr)
         return 2
     model, tokenizer = load_target(args)
     heads = ExitHeads.for_target(model, layers, rank=args.rank, target_name=Path(args.target).name)
@@ -179,18 +178,19 @@ def run(args: argparse.Namespace) -> int:
 
 def draft_vocabulary(tokenizer, rows: list[dict], vocab_texts: str, size: int):
     """The `size` most frequent tokens of the response cache and the `vocab_texts` files, plus special tokens."""
-    from hf_spec.heads.exits.train import frequent_tokens, vocabulary_texts
+    from hf_spec.heads.exits.data import frequent_tokens, vocabulary_texts
 
     texts = [r["prompt"] + r["response"] for r in rows]
     for path in filter(None, vocab_texts.split(",")):
-        if Path(path).is_file():
-            texts += vocabulary_texts(path)
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"--vocab-texts: no file {path}")
+        texts += vocabulary_texts(path)
     ids = [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
     return frequent_tokens(ids, size, always=list(tokenizer.all_special_ids))
 
 
 def _argv_of(args: argparse.Namespace) -> list[str]:
-    out = ["--target", args.target, "--layers", args.layers, "--out", args.out]
+    out = ["--target", args.target, "--layers", args.layers, "--out", args.out, "--data", args.data]
     defaults = {
         "rank": 64,
         "steps": 600,
@@ -208,6 +208,6 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
         value = getattr(args, key)
         if value != default:
             out += ["--" + key.replace("_", "-"), str(value)]
-    if args.data != DEFAULT_DATA:
-        out += ["--data", args.data]
+    if args.vocab_texts:
+        out += ["--vocab-texts", args.vocab_texts]
     return out

@@ -2,7 +2,7 @@
 
     hf-spec train postuse --target qwen2.5-coder-0.5b-instruct \\
         --config benchmarks/configs/postuse-qwen2.5-coder-0.5b-instruct.json \\
-        --prompts ../shared/data/train/sharegpt_1000.json --limit 40 --out qtable.json
+        --prompts data/train/sharegpt_1000.json --limit 40 --out qtable.json
 
 The config's drafter, cache and controller settings are used as given, with learning on (`freeze` off).
 Use training prompts only: never the prompts you evaluate on.
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm.auto import tqdm
 
-    from hf_spec.bench.runner import encode_chat
+    from hf_spec.bench.prompts import encode_chat
     from hf_spec.decoder import SpeculativeDecoder
     from hf_spec.methods.postuse.config import PostUseConfig
 

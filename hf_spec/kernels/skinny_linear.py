@@ -1,41 +1,26 @@
-"""Faster CPU matmuls for the few-token inputs of verification (and the one-token steps of drafting).
+"""Faster CPU matmuls for the few-row inputs of verification (and the one-row steps of drafting).
 
-On x86 CPUs (MKL), `F.linear(x, W)` with 4..32 rows runs 2-3x below memory bandwidth. Inside `fast_linears`,
-fp32 CPU inputs with 2..32 rows go to a C++ kernel that reads each row of W once (`cpu_skinny_gemm`); without
-that kernel (no compiler, `HF_SPEC_NO_CPP_KERNELS=1`, other dtypes), 8..32 rows are computed as `(W @ x.T).T`
-where that is measured faster (`mm_trick_pays`: MKL runs it closer to bandwidth on an Intel Xeon). More than 32
-rows stay `F.linear`; so does one row unless the kernel is measured faster on this machine
-(`one_row_kernel_pays`: MKL's GEMV is on an Intel Xeon, not on an AMD EPYC, where the kernel takes the 151,936-row
-LM head from 34 to 19 ms). hf-spec's loop never uses this for its own
-one-token steps (plain decoding stays `generate`'s), only drafters do.
+Inside `fast_linears` each `nn.Linear` runs `skinny_linear`, which picks a path per call by the dtype and the rows
+of x (all rows of every leading dimension):
 
-Measured on a 2-core Intel Xeon (torch 2.13, MKL, 2 threads, weights streamed from DRAM; F.linear's times on one
-row in parentheses): Qwen2.5-0.5B MLP weight (4864, 896), 9 rows:
-F.linear 1.56 ms, (W @ x.T).T 1.33 ms, kernel 0.67 ms (1 row: 0.59 ms); 151,936-row LM head, 9 rows: 62 / 38 /
-21 ms (1 row: 18 ms). Whole forward of 9 new tokens after 200 cached: 212 ms stock, 184 ms mm-trick, 102 ms
-kernel (1 token: 83 ms). Same values up to float rounding; nothing changes outside `fast_linears`.
+- float32, 2..32 rows: the C++ kernel (`cpu_skinny_gemm`), which reads each row of W from memory once; one row
+  too where the kernel is measured faster than `F.linear` here (`one_row_kernel_pays`).
+- bfloat16, 1..`bf16_kernel_rows()` rows: the kernel's AVX512-BF16 path, up to the most rows (of
+  `BF16_SAMPLE_ROWS`) for which it is measured faster than torch's best path here.
+- anything else the kernel does not take (no compiler, `HF_SPEC_NO_CPP_KERNELS=1`, other dtypes): `(W @ x.T).T`
+  for 8..32 rows (bfloat16: 2..32) where that is measured faster than `F.linear` (`mm_trick_pays`: some BLAS
+  libraries run the transposed product closer to memory bandwidth), else `F.linear`, as for more than 32 rows.
 
-bfloat16 inputs go to the kernel's AVX512-BF16 path for 1..`bf16_kernel_rows()` rows: the most rows (of 1, 2, 4,
-8, 13, 17, 20) up to which it is measured faster than torch's best path here. On a 2-core AMD EPYC Zen 5 it wins to
-~17 rows (a Qwen2.5-0.5B forward of 1-17 tokens after 200 cached takes 0.73-0.85 of stock's time,
-`benchmarks/verify_cost.py --dtypes bfloat16`); on a 2-core Intel Xeon with AMX only on 1-2 rows, where torch's
-`(W @ x.T).T` runs on AMX tiles of 16 rows: Qwen2.5-0.5B's 24 layers' linears (ms, 2 threads)
-
-    rows            1     2     4     6     8    12    16    17    24
-    F.linear       47    47    47    48    46    47    47    49    47
-    (W @ x.T).T    48    35    35    35    35    34    35    39    39
-    bf16 kernel    30    31    35    39    49    58    72    75   101
-
-so `(W @ x.T).T` takes bfloat16's 2..32 rows where it is measured faster (at 4 rows for 2..7, at 9 for 8..32).
-Before, one 9-row measurement decided both for all of 1..20 rows: the Xeon ran 2-7 rows on F.linear and, in the
-processes where the kernel measured faster than F.linear at 9 rows (it flipped between processes), 8-20 rows on
-the kernel. The sums are the same fp32 sums in another order, rounded once to bfloat16, as torch's are.
+Each decision is timed once per torch thread count (and dtype) and remembered for the process; the
+`HF_SPEC_ONE_ROW_KERNEL`, `HF_SPEC_BF16_KERNEL` and `HF_SPEC_MM_TRICK` variables force them. Every path gives
+`F.linear`'s values up to the order of the fp32 sums (bfloat16: the same fp32 sums rounded once to bfloat16, as
+torch's are). hf-spec's loop never uses this for its own one-token steps (plain decoding stays `generate`'s), only
+drafters do; nothing changes outside `fast_linears`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import statistics
 import threading
 import time
@@ -47,13 +32,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hf_spec import envs
 from hf_spec.kernels import cpu_skinny_gemm
 
 KERNEL_MIN_ROWS, KERNEL_MAX_ROWS = 2, 32  # C++ kernel (when it builds)
 MIN_ROWS, MAX_ROWS = 8, 32  # mm-trick fallback without the kernel (bfloat16: from FEW_ROWS where measured)
 FEW_ROWS = 2
-# bfloat16 kernel (AVX512-BF16; Zen 5, Qwen forwards after 200 cached tokens): 1-13 tokens at 0.82 of torch's time,
-# 17 at 0.73-0.85 (torch's bf16 GEMM slows down past 16 rows), 25 at 0.89-1.03: level from ~20
+# most bfloat16 rows the kernel is tried on: its compute share grows with the rows and torch's GEMM catches up
 BF16_MAX_ROWS = 20
 # where the kernel is timed against torch, fewest first
 BF16_SAMPLE_ROWS = (1, 2, 4, 8, 13, 17, BF16_MAX_ROWS)
@@ -88,9 +73,10 @@ _measure_lock = threading.RLock()  # a measurement may ask for another one (the 
 
 
 def one_row_kernel_pays() -> bool:
-    """Whether the kernel beats `F.linear` on one row of x here: measured once per torch thread count (~0.5 s, on
-    256 MiB of weights so they stream from DRAM as a model's do); `HF_SPEC_ONE_ROW_KERNEL=1` / `0` forces it."""
-    forced = _forced("HF_SPEC_ONE_ROW_KERNEL")
+    """Whether the kernel beats `F.linear` on one row of x here (BLAS GEMV is fast on some CPUs, not on others):
+    measured once per torch thread count (~0.5 s, `_streamed_weights`); `HF_SPEC_ONE_ROW_KERNEL=1` / `0` forces
+    it."""
+    forced = envs.HF_SPEC_ONE_ROW_KERNEL
     if forced is not None:
         return forced
     return _remembered(_one_row, torch.get_num_threads(), _measure_one_row)
@@ -98,11 +84,10 @@ def one_row_kernel_pays() -> bool:
 
 def bf16_kernel_rows() -> int:
     """Rows of bfloat16 x up to which the kernel (AVX512-BF16 CPUs) beats torch's best path here (0: no rows):
-    timed at `BF16_SAMPLE_ROWS`, fewest first, until it loses; measured once per torch thread count (~0.3 s a
-    sample, 256 MiB of weights); `HF_SPEC_BF16_KERNEL=1` / `0` forces all of 1..`BF16_MAX_ROWS` / none. On an AMD
-    EPYC Zen 5 it reads the weights at ~35 GB/s against torch's ~29 (Qwen2.5-0.5B's layers, 1-13 rows: 0.80-0.84
-    of the time); an Intel Xeon's AMX tiles win from 4 rows."""
-    forced = _forced("HF_SPEC_BF16_KERNEL")
+    timed at `BF16_SAMPLE_ROWS`, fewest first, until it loses (CPUs with AMX tiles run torch's `(W @ x.T).T` faster
+    from a few rows); measured once per torch thread count (~0.3 s a sample, `_streamed_weights`);
+    `HF_SPEC_BF16_KERNEL=1` / `0` forces all of 1..`BF16_MAX_ROWS` / none."""
+    forced = envs.HF_SPEC_BF16_KERNEL
     if forced is not None:
         return BF16_MAX_ROWS if forced else 0
     return _remembered(_bf16, torch.get_num_threads(), _measure_bf16)
@@ -120,21 +105,14 @@ def bf16_kernel_decision() -> int | None:
 
 def mm_trick_pays(dtype: torch.dtype, rows: int = MIN_ROWS) -> bool:
     """Whether `(W @ x.T).T` beats `F.linear` on `rows` rows of `dtype` here: measured once per torch thread count,
-    dtype and row class (9 rows for `MIN_ROWS`..`MAX_ROWS`, 4 for fewer; ~0.5 s, 256 MiB of weights);
-    `HF_SPEC_MM_TRICK=1` / `0` forces it. It pays on an Intel Xeon in float32 and in bfloat16 with AMX (89 -> 77 ms
-    for a 13-row Qwen forward; 2-7 rows too) but not on an AMD EPYC Zen 5 in bfloat16 (63 -> 79 ms)."""
-    forced = _forced("HF_SPEC_MM_TRICK")
+    dtype and row class (9 rows for `MIN_ROWS`..`MAX_ROWS`, 4 for fewer; ~0.5 s, `_streamed_weights`);
+    `HF_SPEC_MM_TRICK=1` / `0` forces it."""
+    forced = envs.HF_SPEC_MM_TRICK
     if forced is not None:
         return forced
     many = rows >= MIN_ROWS
     key = (torch.get_num_threads(), dtype, many)
     return _remembered(_mm_trick, key, lambda: _measure_mm_trick(dtype, 9 if many else 4))
-
-
-def _forced(env_var: str) -> bool | None:
-    """The decision an environment variable forces (1/0, true/false, yes/no), None where it names none."""
-    flag = os.environ.get(env_var, "").strip().lower()
-    return flag in ("1", "true", "yes") if flag in ("0", "1", "true", "false", "yes", "no") else None
 
 
 def _remembered(decisions: dict, key, measure: Callable[[], bool]) -> bool:
@@ -184,8 +162,8 @@ def _measure_mm_trick(dtype: torch.dtype, rows: int = 9, repeats: int = 5) -> bo
 
 
 def _streamed_weights(dtype: torch.dtype) -> list[torch.Tensor]:
-    # 256 MiB of weights: with 64 MiB a large L3 (AMD EPYC) kept part of them cached and the one-row ratio flapped
-    # around its threshold between processes (0.70-0.85); at this size it is 0.65-0.71 there, run to run
+    """256 MiB of `(2048, 1024)` weights: more than a CPU's caches hold, so they stream from DRAM as a model's do (a
+    smaller set stays partly cached in a large L3 and makes the timings flip between processes)."""
     count = (256 << 20) // (2048 * 1024 * torch.empty((), dtype=dtype).element_size())
     return [torch.full((2048, 1024), 0.01, dtype=dtype) for _ in range(count)]
 

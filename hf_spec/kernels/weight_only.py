@@ -1,16 +1,13 @@
 """Weight-only int8 / int4 matmuls for a draft head's few-row inputs on CPU.
 
-On this CPU a draft head's cost is the bytes of its weights: after each target forward (~1 GB of weights) the
-head's layer and draft LM head (~48 MB in bf16 for Qwen2.5-0.5B with 8K draft rows) come from DRAM again, three
-times per EAGLE round. Per-output-channel int8 halves those bytes, int4 (groups of `group_size` inputs, an
-asymmetric scale and zero each) quarters them; torch's CPU kernels (`_weight_int8pack_mm`,
-`_weight_int4pack_mm_for_cpu`) compute in bfloat16 (float32 inputs are cast: the kernels' float32 path is 16-50x
-slower). Measured (torch 2.13, 2 threads, weights evicted
-from cache first): a (4864, 896) matmul with 4 rows takes 1.02 ms in bf16, 0.33 ms in int4. For float32 inputs of
-1-32 rows int8 runs hf-spec's own kernels instead, where they build: 1-2 rows `kernel_linear_int8` (the int8 weights
-widened in registers, x and the sums in float32; on a 2-core AMD EPYC the linears of 22 Qwen2.5-0.5B layers take
-8.5 ms a row against 12.8 for torch's int8, 9.0 for int4 and 26.5 for the float32 kernel), 3-32 rows on AVX512-VNNI
-`kernel_linear_w8a8` (each row of x quantized to int8 as well: 11 rows 13.7 ms against 35.9 and 31.2 for int4).
+On CPU a draft head's cost is the bytes of its weights: after each target forward the head's layer and draft LM
+head come from DRAM again, several times per drafting round. Per-output-channel int8 halves those bytes (against
+bfloat16), int4 (groups of `group_size` inputs, an asymmetric scale and zero each) quarters them. torch's CPU
+kernels (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`) compute in bfloat16 (float32 inputs are cast: their
+float32 path is many times slower). For float32 or bfloat16 x, int8 runs hf-spec's own kernels instead, where
+they build: below `W8A8_MIN_ROWS` rows `kernel_linear_int8` (the int8 weights widened in registers, x and the sums
+in float32), from there on AVX512-VNNI `kernel_linear_w8a8` (each row of x quantized to int8 as well, the integer
+products summed exactly).
 
 Drafts only: verification always runs the target's own weights, so output stays exact; quantization can only
 change which tokens are drafted. Inputs with more than `max_rows` rows (a head's prompt catch-up) use the
@@ -32,8 +29,8 @@ from hf_spec.kernels import cpu_skinny_gemm
 from hf_spec.kernels.skinny_linear import fast_linears, patched_forwards, skinny_linear
 
 SCHEMES = ("int8", "int4")
-# from this many rows int8 weights meet x quantized to int8 too (AVX512-VNNI): the float32-x kernel is compute-bound
-# there (22 Qwen2.5-0.5B layers: 3 rows 12.0 ms, 11 rows 35.9, against 9.4 and 13.7 for the VNNI kernel)
+# from this many rows int8 weights meet x quantized to int8 too (AVX512-VNNI): the float32-x kernel, which widens
+# every weight to float32, is compute-bound there
 W8A8_MIN_ROWS = 3
 
 
@@ -108,7 +105,7 @@ class QuantizedWeight:
         return y + bias if bias is not None else y
 
     def _packed_mm(self, x2d: torch.Tensor, fast: bool = True) -> torch.Tensor:
-        # the kernels' float32 path is 16-50x slower than bfloat16 (measured): `fast` computes in bfloat16
+        # the kernels' float32 path is many times slower than their bfloat16 one: `fast` computes in bfloat16
         out_dtype = x2d.dtype
         x2d = x2d.to(torch.bfloat16 if fast and out_dtype == torch.float32 else out_dtype).contiguous()
         if self.scheme == "int8":

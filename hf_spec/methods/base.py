@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from transformers import Cache, GenerationConfig, PreTrainedModel
 
 from hf_spec.config import MethodConfig
-from hf_spec.kernels.skinny_linear import fast_linears
-from hf_spec.tree.buffers import DraftTree
-from hf_spec.verify.cache import cache_kwargs
+from hf_spec.tree import DraftTree
+from hf_spec.verify.forward import target_forward
+
+if TYPE_CHECKING:
+    from hf_spec.engine.backend import Backend
 
 
 @dataclass
@@ -29,6 +31,9 @@ class SpecState:
             prompt's positions but the last.
         uses_verify_forward: the loop verifies through `Drafter.verify_forward` (hf-spec's loop); False in
             transformers' assisted loop, which runs its own forward.
+        backend: the kernel backend of the target's forwards (`hf_spec.engine.backend`); a drafter enters
+            `backend.drafting(...)` around its own forwards through the target's layers or a draft model.
+            Default: the one the target's profile chose.
     """
 
     model: PreTrainedModel
@@ -37,6 +42,13 @@ class SpecState:
     generation_config: GenerationConfig
     hidden_states: torch.Tensor | None = None  # [1, num_positions, hidden_size]
     uses_verify_forward: bool = True
+    backend: Backend | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend is None:
+            from hf_spec.engine.profile import target_profile
+
+            self.backend = target_profile(self.model).backend
 
     @property
     def do_sample(self) -> bool:
@@ -70,7 +82,7 @@ class RoundResult:
 
 
 class Drafter(ABC):
-    """Proposes token trees for the loop in `hf_spec.generate`.
+    """Proposes token trees for the round engine (`hf_spec.engine`).
 
     Lifecycle per `generate` call: `begin` (after the prompt prefill) -> (`propose` -> `observe`)* -> `end`.
     A drafter reports the exact distribution it sampled each node from (`DraftTree.draft_probs`) or
@@ -80,7 +92,7 @@ class Drafter(ABC):
     requires_hidden_states: ClassVar[bool] = False
     requires_target_predictions: ClassVar[bool] = False  # fill RoundResult.target_predictions
     # keeps its state to itself and never touches the target's cache or forward: one copy per row can draft
-    # for a batch verified in one forward (`hf_spec.batched`)
+    # for a batch verified in one forward (`hf_spec.engine.batch`)
     batchable: ClassVar[bool] = False
 
     def __init__(self, config: MethodConfig, model: PreTrainedModel, tokenizer=None) -> None:
@@ -127,15 +139,9 @@ class Drafter(ABC):
             attention_mask: additive 4D tree mask `(1, 1, num_nodes + 1, past + num_nodes + 1)`, `None` for a
                 chain (causal).
         """
-        with fast_linears(state.model):
-            return state.model(
-                input_ids=input_ids,
-                position_ids=position_ids,
-                attention_mask=attention_mask,
-                **cache_kwargs(state.model, state.cache),
-                use_cache=True,
-                output_hidden_states=output_hidden_states,
-            )
+        return target_forward(
+            state.model, state.cache, input_ids, position_ids, attention_mask, output_hidden_states
+        )
 
     def skip_round(self) -> None:  # noqa: B027 - optional hook
         """No tree of this drafter is verified this round (a batch took a plain step); `observe` follows as

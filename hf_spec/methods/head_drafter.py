@@ -13,14 +13,16 @@ import torch
 from transformers import DynamicCache
 
 from hf_spec.config import MethodConfig, read_config
+from hf_spec.engine.profile import target_profile
 from hf_spec.heads.base import DraftHeadModel
+from hf_spec.heads.features import unit_features
 from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER
-from hf_spec.kernels.grouped_attention import attention_of, dispatches_attention
+from hf_spec.heads.published import load_published_head
+from hf_spec.hub_ids import HEAD_CONFIG_FILES, resolve_folder, resolve_head_folder
 from hf_spec.kernels.skinny_linear import skinny_linear
-from hf_spec.kernels.weight_only import QuantizedWeight, draft_linears, quantize_linears
+from hf_spec.kernels.weight_only import QuantizedWeight, quantize_linears
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
-from hf_spec.training.features import unit_features
-from hf_spec.tree.buffers import additive_mask
+from hf_spec.tree.masks import causal_mask
 from hf_spec.verify.cache import cache_length
 
 
@@ -29,6 +31,7 @@ def load_draft_head(head_cls: type[DraftHeadModel], path: str, target, method: s
         raise ValueError(
             f"{method} needs a head folder: {method}:<folder> (train one with `hf-spec train {method}`)"
         )
+    name, path = path, resolve_head_folder(path, f"{method} head")  # a Hub id -> its local snapshot
     config_file = os.path.join(path, "config.json")
     try:
         with open(config_file) as f:
@@ -39,6 +42,9 @@ def load_draft_head(head_cls: type[DraftHeadModel], path: str, target, method: s
         raise ValueError(f"cannot load the {method} head at {path!r}: bad config.json ({err})") from None
     expected = head_cls.config_class.model_type
     if found != expected:
+        published = load_published_head(path, target, method, name)  # EAGLE's own layout, ...
+        if published is not None:
+            return published
         raise ValueError(f"{path!r} holds a {found!r} model, not a {method} head ({expected!r})")
     try:
         head, info = head_cls.from_pretrained(
@@ -56,26 +62,19 @@ def load_draft_head(head_cls: type[DraftHeadModel], path: str, target, method: s
 
 def head_config_from_cli_arg(cls: type[MethodConfig], arg: str | None) -> MethodConfig:
     """`method:<head folder>` (a folder with the head's config.json; its own recipe supplies the decoding
-    parameters) or `method:<config.json>`."""
-    if arg and os.path.isdir(arg) and os.path.exists(os.path.join(arg, "config.json")):
-        recipe = os.path.join(arg, "hf_spec_config.json")
+    parameters), `method:<Hub id of such a folder>` or `method:<config.json>`."""
+    folder = resolve_folder(arg, f"{cls.method} head", HEAD_CONFIG_FILES) if arg else arg
+    if folder and os.path.isdir(folder) and os.path.exists(os.path.join(folder, "config.json")):
+        recipe = os.path.join(folder, "hf_spec_config.json")
         data = read_config(recipe) if os.path.exists(recipe) else {}
         found = data.pop("method", cls.method)
         if found != cls.method:
             raise ValueError(f"{arg!r} is a {found} head folder, not a {cls.method} one (use {found}:{arg})")
-        return cls(**{**data, "head": arg})
+        return cls.from_dict({**data, "head": arg})
     config = MethodConfig.from_cli_arg.__func__(cls, arg)
     if arg and getattr(config, "head", None) == HEAD_IN_THIS_FOLDER:  # a head folder's own recipe
         config.head = arg if os.path.isdir(arg) else os.path.dirname(os.path.abspath(arg))
     return config
-
-
-def causal_mask(
-    q_len: int, past: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
-) -> torch.Tensor:
-    """Additive `(1, 1, q_len, past + q_len)`: every query sees the cache and the queries up to itself."""
-    allowed = torch.ones(q_len, past + q_len, dtype=torch.bool).tril(diagonal=past)
-    return additive_mask(allowed, dtype).to(device)
 
 
 class HeadDrafter(Drafter):
@@ -105,11 +104,12 @@ class HeadDrafter(Drafter):
         self.norm = model.model.norm
         self.device = self.lm_weight.device  # the head's and the target LM head's
         self.dtype = next(self.head.parameters()).dtype  # the target's: the head runs in its precision
-        # the head's layer is the target family's: hf-spec's CPU attention where the family dispatches through
-        # transformers' attention interface (draft levels of a tree after hundreds of cached tokens)
+        # the head's layer is the target family's: it attends as the target's layers do in the loop, through the
+        # target's kernel backend where the family dispatches through transformers' attention interface
+        profile = target_profile(model)
+        self.backend = profile.backend
         attention = getattr(self.head.layer, "self_attn", None)
-        family_ok = dispatches_attention(model) and self.device.type == "cpu"
-        self.layer_config = getattr(attention, "config", None) if family_ok else None
+        self.layer_config = getattr(attention, "config", None) if profile.dispatches_attention else None
         self.cache = DynamicCache()
         self.pending_features: list[torch.Tensor] = []  # [n, H] chunks
         # positions the head's cache lacks: cached before this call (no features) or dropped by `max_catch_up`
@@ -117,9 +117,12 @@ class HeadDrafter(Drafter):
 
     @contextlib.contextmanager
     def fast_head(self) -> Iterator[None]:
-        """Inside the block the head's linears run packed (`quantize`) or by the skinny-GEMM kernel, its attention
-        as the target's in hf-spec's loop (`grouped_attention`)."""
-        with draft_linears(self.head, self.quantized), attention_of(self.layer_config):
+        """Inside the block the head's linears run packed (`quantize`), its attention as the target's in the loop
+        (the target's kernel backend)."""
+        with (
+            self.backend.packed_linears(self.head, self.quantized),
+            self.backend.attention(self.layer_config),
+        ):
             yield
 
     def lm_logits(self, normed: torch.Tensor) -> torch.Tensor:
@@ -145,16 +148,21 @@ class HeadDrafter(Drafter):
                 f"{self.config.method}: {seen} prompt features for {state.seq_len - 1} positions"
             )
         self.skipped = state.seq_len - 1 - seen
-        self.pending_features = (
-            [unit_features(state.hidden_states[0], self.norm).to(self.dtype)] if seen else []
-        )
+        self.pending_features = [self.target_features(state.hidden_states[0])] if seen else []
 
     def can_draft(self) -> bool:
         """False before the head has seen any target features (the first round after a one-token prompt)."""
         return bool(self.pending_features) or cache_length(self.cache) > 0
 
+    def target_features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's post-norm last-layer states `(n, H)` -> the head's input features `(n, H)`: unit features,
+        or the states themselves for heads trained on those (published EAGLE-1/2 checkpoints)."""
+        if getattr(self.head, "reads_post_norm_states", False):
+            return hidden.to(self.dtype)
+        return unit_features(hidden, self.norm).to(self.dtype)
+
     def observe(self, state: SpecState, result: RoundResult) -> None:
-        self.pending_features.append(unit_features(result.hidden_states[0], self.norm).to(self.dtype))
+        self.pending_features.append(self.target_features(result.hidden_states[0]))
 
     def end(self, state: SpecState) -> None:
         self.cache, self.pending_features = DynamicCache(), []

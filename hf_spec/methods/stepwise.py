@@ -9,8 +9,9 @@
 
 A drafter opts in by mixing in `StepwiseDrafter` and implementing its four hooks (`_step_prepare`,
 `_step_forward`, `_step_compact`, `_step_finish`); the bookkeeping of fed/kept/provisional positions
-lives here once. Feature heads, whose input at a position is their own output at the one before, cannot feed
-a block in one forward and override the four entry points instead (`hf_spec.methods.eagle.stepwise`).
+lives here once (a step's ids, positions and mask: `hf_spec.tree.masks.step_inputs`). Feature heads, whose input
+at a position is their own output at the one before, cannot feed a block in one forward and override the four
+entry points instead (`hf_spec.methods.eagle.stepper`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
+from hf_spec.tree.masks import step_inputs
 
 if TYPE_CHECKING:
     from hf_spec.methods.base import SpecState
@@ -39,37 +40,6 @@ class DraftStep:
 
     chain: torch.Tensor  # [vocab_size]
     branches: list[torch.Tensor]  # [len(branch), vocab_size] each
-
-
-def step_tree(tokens: list[int], branches: list[list[int]]) -> DraftTree:
-    """The fed block as a tree below its first token: `tokens[1:]` a chain, every branch a path hanging from
-    the last of `tokens`. Verification-style masks and positions of this tree are the step's attention.
-
-    Example: tokens = [r, a], branches = [[x, y], [z]] -> nodes [a, x, y, z], parents [-1, 0, 1, 0].
-    """
-    nodes = list(tokens[1:])
-    parents = list(range(-1, len(nodes) - 1))
-    last = len(nodes) - 1
-    for branch in branches:
-        prev = last
-        for tok in branch:
-            nodes.append(int(tok))
-            parents.append(prev)
-            prev = len(nodes) - 1
-    return DraftTree(torch.tensor(nodes, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
-
-
-def step_inputs(
-    tokens: list[int], branches: list[list[int]], past: int, dtype: torch.dtype, device: torch.device | str
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """`(input_ids (1, q), position_ids (1, q), additive 4D mask (1, 1, q, past + q) or None)` for feeding
-    `tokens` then `branches` after `past` cached positions; a single token needs no mask."""
-    flat = list(tokens) + [int(t) for b in branches for t in b]
-    ids = torch.tensor([flat], dtype=torch.long, device=device)
-    if len(flat) == 1:
-        return ids, torch.tensor([[past]], device=device), None
-    tree = step_tree(list(tokens), branches)
-    return ids, tree_position_ids(tree, past, device), tree_attention_mask(tree, past, dtype, device)
 
 
 class StepwiseDrafter:

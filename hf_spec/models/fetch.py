@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm.auto import tqdm
 
+from hf_spec import envs
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -86,8 +88,7 @@ KNOWN_MODELS: dict[str, KnownModel] = {
 
 def cache_root() -> Path:
     """The cache directory: ``$HF_SPEC_CACHE`` or ``~/.cache/hf-spec``."""
-    env = os.environ.get("HF_SPEC_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "hf-spec"
+    return envs.HF_SPEC_CACHE
 
 
 def _log(msg: str, progress: bool) -> None:

@@ -100,7 +100,7 @@ def check_layerwise_forward(model: PreTrainedModel, parts: DecoderParts, method:
     tokens, up to float rounding). A method whose *target* logits come from `run_layers` (HiSpec's last stage)
     would otherwise change the output of a model that scales its embeddings, residuals or logits outside those
     modules (Granite's multipliers, Gemma 2's logit soft-capping, ...)."""
-    from hf_spec.tree.buffers import causal_mask
+    from hf_spec.tree.masks import causal_mask
 
     device = parts.embed_tokens.weight.device
     ids = torch.arange(1, 5, device=device).view(1, -1) % parts.embed_tokens.weight.shape[0]

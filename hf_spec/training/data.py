@@ -9,7 +9,8 @@ import torch
 from hf_spec.training.prompts import load_train_prompts
 from hf_spec.training.responses import Conversation, ResponseCache, default_data_dir, generate_responses
 
-DEFAULT_PROMPTS = ["../shared/data/train/sharegpt_1000.json", "../shared/data/train/alpaca_seed_tasks.jsonl"]
+# the prompt files of runs made before `--prompts` was required: model cards of heads trained then name them
+EARLIER_DEFAULT_PROMPT_FILES = ("sharegpt_1000.json", "alpaca_seed_tasks.jsonl")
 
 
 def load_conversations(
@@ -32,12 +33,18 @@ def load_conversations(
     """`(model, tokenizer, conversations)`: answers missing from the cache are generated first, by the target in
     `dtype` (tagged `generated-bfloat16` etc. when not float32); `continue_cut`: cached answers cut by a smaller
     budget than `max_new_tokens` are continued to it; `samples`: sampled answers per prompt besides the greedy
-    one (at `temperature`)."""
+    one (at `temperature`). `prompt_files` (ShareGPT `.json` or Alpaca-style `.jsonl`) are required; `data_dir`
+    defaults to `$HF_SPEC_CACHE/data/<target name>`."""
     from hf_spec.models.fetch import dtype_name, load_model
+
+    if not prompt_files:
+        raise ValueError(
+            "no training prompt files: pass --prompts (ShareGPT .json or Alpaca-style .jsonl; never evaluation prompts)"
+        )
 
     if model is None:
         model, tokenizer = load_model(target, dtype=dtype, device=device)
-    prompts = [p for path in (prompt_files or DEFAULT_PROMPTS) for p in load_train_prompts(path, limit)]
+    prompts = [p for path in prompt_files for p in load_train_prompts(path, limit)]
     cache = ResponseCache(data_dir or default_data_dir(target))
     cache.bind_target(model)
     convs = generate_responses(

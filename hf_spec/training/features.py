@@ -26,16 +26,12 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
+from hf_spec.heads.features import unit_features
 from hf_spec.models.fingerprint import target_fingerprint
 from hf_spec.models.layers import decoder_parts
 from hf_spec.training.responses import Conversation, default_data_dir
 
 MANIFEST = "manifest.json"
-
-
-def unit_features(post_norm_hidden: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
-    """`y = norm(z) = z / rms(z) * w`  ->  `z / rms(z) = y / w`, the unit-RMS state the final norm maps to `y`."""
-    return post_norm_hidden.float() / norm.weight.float()
 
 
 @dataclass

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-# file names of the benchmark prompt sets (../shared/data/eval); training on them is refused
+# names of the benchmark prompt sets (and any file under an `eval` folder); training on them is refused
 EVAL_SET_NAMES = ("spec_bench", "humaneval", "gsm8k", "alpaca_80", "mt_bench")
 
 

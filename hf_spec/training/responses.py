@@ -1,5 +1,5 @@
 """The target's own answers to training prompts: generated in batches, cached line by line (resumable),
-optionally seeded from an earlier run's JSONL (e.g. ../shared/data/train/responses/<target>.jsonl).
+optionally seeded from an earlier run's JSONL of answers by the same target (`--seed-cache`).
 
 Every prompt gets its greedy answer (id = the prompt's id) and, on request, sampled ones (id `<prompt id>#sample<k>`):
 more data from the same prompts, drawn from the target's own distribution."""

@@ -1,5 +1,6 @@
-"""Fusing draft trees by longest-prefix matching: a node whose path from the root already exists in the fused
-tree is merged into it, so shared prefixes are verified once.
+"""Merging into draft trees by longest-prefix matching (`TokenTrie`): a node whose path from the root already
+exists in the merged tree is merged into it, so shared prefixes are verified once. `fuse_trees` merges two draft
+trees; `graft` hangs token continuations below chosen nodes of a tree.
 
 Sampling stays exact. Recursive rejection sampling (`verify.acceptance.accept_sampling`) needs each node's
 reported `q` to be the distribution its token was drawn from *given its earlier siblings*. After fusion:
@@ -15,7 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from hf_spec.tree.buffers import DraftTree
+from hf_spec.tree.draft_tree import DraftTree
+from hf_spec.tree.trie import TokenTrie
 
 
 def fuse_trees(first: DraftTree, second: DraftTree) -> tuple[DraftTree, list[int], list[int]]:
@@ -24,29 +26,19 @@ def fuse_trees(first: DraftTree, second: DraftTree) -> tuple[DraftTree, list[int
     Returns:
         the fused tree and, for each node of `first` / `second`, its index in the fused tree.
     """
-    tokens: list[int] = []
-    parents: list[int] = []
+    trie = TokenTrie()
     origin: list[tuple[int, int]] = []  # (tree 0/1, node) that created each fused node
-    child_of: dict[tuple[int, int], int] = {}
     maps: list[list[int]] = []
     for t, tree in enumerate((first, second)):
         mapping: list[int] = []
         for i, (tok, p) in enumerate(zip(tree.tokens.tolist(), tree.parents.tolist(), strict=True)):
-            parent = mapping[p] if p >= 0 else -1
-            key = (parent, tok)
-            node = child_of.get(key)
-            if node is None:
-                node = len(tokens)
-                child_of[key] = node
-                tokens.append(tok)
-                parents.append(parent)
+            node = trie.add(mapping[p] if p >= 0 else -1, tok)
+            if node == len(origin):
                 origin.append((t, i))
             mapping.append(node)
         maps.append(mapping)
-    probs = _fused_probs(first, second, tokens, parents, origin)
-    return DraftTree(
-        torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long), probs
-    ), *maps
+    probs = _fused_probs(first, second, trie.tokens, trie.parents, origin)
+    return DraftTree.from_lists(trie.tokens, trie.parents, probs), *maps
 
 
 def _fused_probs(first: DraftTree, second: DraftTree, tokens, parents, origin) -> torch.Tensor | None:
@@ -71,6 +63,30 @@ def _fused_probs(first: DraftTree, second: DraftTree, tokens, parents, origin) -
             probs[node] = row / total
         seen.append(tokens[node])
     return probs
+
+
+def graft(tree: DraftTree, grafts: list[tuple[int, list[int]]], max_nodes: int) -> tuple[DraftTree, int]:
+    """Append each continuation of `grafts` (`(anchor node, tokens)`, anchor `-1` = the root) below its
+    anchor, sharing nodes with an existing child of the same token, until the tree has `max_nodes` nodes.
+
+    The original nodes keep their indices and order; new nodes come after them, so sampled siblings keep
+    their proposal order and `draft_probs` rows (new nodes get all-zero rows: deterministic proposals).
+
+    Example: chain [a, b] (nodes 0, 1), grafts [(0, [b, c]), (-1, [d])] -> tokens [a, b, c, d],
+    parents [-1, 0, 1, -1]: `b` is shared, `c` hangs below it, `d` below the root.
+
+    Returns the new tree and the number of nodes added.
+    """
+    trie = TokenTrie.from_nodes(tree.tokens.tolist(), tree.parents.tolist(), max_nodes)
+    for anchor, cont in grafts:
+        trie.insert(cont, parent=anchor)
+    added = len(trie) - len(tree)
+    if not added:
+        return tree, 0
+    probs = tree.draft_probs
+    if probs is not None:
+        probs = torch.cat([probs, probs.new_zeros(added, probs.shape[1])])
+    return DraftTree.from_lists(trie.tokens, trie.parents, probs), added
 
 
 def fused_path(mapping: list[int], fused_accepted: list[int]) -> list[int]:

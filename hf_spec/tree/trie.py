@@ -1,97 +1,82 @@
-"""Retrieval trees: candidate continuations with frequencies -> a trie with cumulative frequencies, pruned to
-a node budget (Talon / REST style).
+"""The one token-trie builder: token paths merged so that a shared prefix is one node.
 
-Example: sequences `[a b c]` x3, `[a d]` x1, `[e]` x1 ->
-    a(4) -> b(3) -> c(3)
-         -> d(1)
-    e(1)
-    pruned to 3 nodes: a(4), b(3), c(3) (the lowest-frequency subtrees go first).
+Every tree made by merging token paths is built here: PLD's continuations (`DraftTree.from_sequences`),
+retrieval tries (`tree.retrieval`), the union of two draft trees and cached phrases grafted onto a tree
+(`tree.fusion`), the union of two scored trees (`tree.scored`). A node is keyed by `(parent, token)`, so walking
+a path reuses the nodes that spell it and creates only the missing tail. Nodes are plain lists in creation
+order: a parent always comes before its children (`-1` is the root).
+
+Example (insert "a b c", then "a d", then "e")::
+
+    tokens  = [a, b, c, d, e]
+    parents = [-1, 0, 1, 0, -1]
 """
 
 from __future__ import annotations
 
-import numpy as np
-import torch
-
-from hf_spec.tree.buffers import DraftTree
+from collections.abc import Iterable
 
 
-def build_trie(sequences, weights) -> tuple[list[int], list[int], list[float]]:
-    """Insert sequences into a trie; a node's frequency is the summed weight of the sequences through it.
+class TokenTrie:
+    """A growing token trie.
 
     Args:
-        sequences: iterable of token sequences (a negative token ends a sequence early).
-        weights: one weight (count) per sequence.
-
-    Returns:
-        `(tokens, parents, freq)` lists over the nodes in insertion order (parents first, `-1` = root).
+        max_nodes: the most nodes it may hold (`None`: no limit); a path that needs a new node beyond it stops
+            there, so every node's parent is in the trie.
     """
-    tokens: list[int] = []
-    parents: list[int] = []
-    freq: list[float] = []
-    child_of: dict[tuple[int, int], int] = {}
-    for seq, w in zip(sequences, weights, strict=True):
-        parent = -1
-        for tok in seq:
-            tok = int(tok)
-            if tok < 0:
-                break
-            node = child_of.get((parent, tok))
+
+    def __init__(self, max_nodes: int | None = None) -> None:
+        self.max_nodes = max_nodes
+        self.tokens: list[int] = []  # [num_nodes]
+        self.parents: list[int] = []  # [num_nodes], -1 = the root
+        self._child: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+
+    @classmethod
+    def from_nodes(cls, tokens: list[int], parents: list[int], max_nodes: int | None = None) -> TokenTrie:
+        """A trie that starts with existing nodes kept as they are (indices and order); where two siblings
+        spell the same token, new paths walk through the first."""
+        trie = cls(max_nodes)
+        trie.tokens, trie.parents = list(tokens), list(parents)
+        for node, key in enumerate(zip(trie.parents, trie.tokens, strict=True)):
+            trie._child.setdefault(key, node)
+        return trie
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add(self, parent: int, token: int) -> int | None:
+        """The child of `parent` (`-1`: the root) that spells `token`, created when missing; `None` when it is
+        missing and the trie is full."""
+        key = (parent, token)
+        node = self._child.get(key)
+        if node is None:
+            if self.max_nodes is not None and len(self.tokens) >= self.max_nodes:
+                return None
+            node = len(self.tokens)
+            self._child[key] = node
+            self.tokens.append(token)
+            self.parents.append(parent)
+        return node
+
+    def insert(self, tokens: Iterable[int], parent: int = -1) -> list[int]:
+        """Walk the path spelling `tokens` below `parent`, creating the nodes it lacks; stops where the trie is
+        full. Returns the nodes of the path, in order."""
+        path: list[int] = []
+        for tok in tokens:
+            node = self.add(parent, int(tok))
             if node is None:
-                node = len(tokens)
-                child_of[(parent, tok)] = node
-                tokens.append(tok)
-                parents.append(parent)
-                freq.append(0.0)
-            freq[node] += float(w)
+                break
+            path.append(node)
             parent = node
-    return tokens, parents, freq
+        return path
 
 
-def prune_trie(parents: list[int], freq: list[float], max_nodes: int) -> np.ndarray:
-    """Nodes kept after pruning the lowest-frequency subtrees until at most `max_nodes` remain.
+def node_depths(parents: list[int]) -> list[int]:
+    """Each node's depth, 1 for the root's children, from parent indices that come before their children.
 
-    Cumulative frequencies never grow from parent to child, so this is the `max_nodes` most frequent nodes,
-    ties broken by depth (shallower first) then insertion order: every kept node's parent is kept.
-
-    Returns:
-        `bool` array of shape `(num_nodes,)`.
+    Example: parents `[-1, 0, 1, 0, -1]` -> `[1, 2, 3, 2, 1]`.
     """
-    n = len(parents)
-    keep = np.zeros(n, dtype=bool)
-    if max_nodes <= 0 or n == 0:
-        return keep
-    depth = np.zeros(n, dtype=np.int64)
-    for i, p in enumerate(parents):
-        depth[i] = 0 if p < 0 else depth[p] + 1
-    order = np.lexsort((np.arange(n), depth, -np.asarray(freq, dtype=np.float64)))
-    keep[order[:max_nodes]] = True
-    return keep
-
-
-def retrieval_tree(sequences, weights, max_nodes: int) -> tuple[DraftTree, list[float]]:
-    """A deterministic draft tree from weighted continuations: trie, pruned to `max_nodes`, laid out breadth-first
-    with siblings in decreasing frequency (the order verification tries them).
-
-    Returns:
-        the tree and the frequency of each of its nodes.
-    """
-    tokens, parents, freq = build_trie(sequences, weights)
-    keep = prune_trie(parents, freq, max_nodes)
-    kids: list[list[int]] = [[] for _ in range(len(tokens) + 1)]
-    for i, p in enumerate(parents):
-        if keep[i]:
-            kids[p + 1].append(i)
-    out_tokens: list[int] = []
-    out_parents: list[int] = []
-    out_freq: list[float] = []
-    queue = [(-1, -1)]  # (old node, new index)
-    while queue:
-        old, new = queue.pop(0)
-        for c in sorted(kids[old + 1], key=lambda c: -freq[c]):
-            queue.append((c, len(out_tokens)))
-            out_tokens.append(tokens[c])
-            out_parents.append(new)
-            out_freq.append(freq[c])
-    tree = DraftTree(torch.tensor(out_tokens, dtype=torch.long), torch.tensor(out_parents, dtype=torch.long))
-    return tree, out_freq
+    depth: list[int] = []
+    for p in parents:
+        depth.append(1 if p < 0 else depth[p] + 1)
+    return depth

@@ -9,14 +9,13 @@ with plain forwards of the same paths; a model that fails is refused by name ins
 
 from __future__ import annotations
 
-import os
-
 import torch
 from transformers import PreTrainedModel
 
-from hf_spec.kernels.grouped_attention import grouped_attention
-from hf_spec.kernels.skinny_linear import fast_linears
-from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
+from hf_spec import envs
+from hf_spec.engine.profile import target_profile
+from hf_spec.tree.draft_tree import DraftTree
+from hf_spec.tree.masks import tree_attention_mask, tree_position_ids
 from hf_spec.verify.cache import cache_kwargs, crop_cache
 from hf_spec.verify.windows import sequence_mask, target_cache
 
@@ -36,7 +35,7 @@ def _failure(model: PreTrainedModel) -> str | None:
     tokens = [(vocab // 3 + 7 * i) % vocab for i in range(7)]
     prefix, (root, a, b, c) = tokens[:3], tokens[3:]
     tolerance = TOLERANCE.get(model.dtype, LOW_PRECISION_TOLERANCE)
-    with torch.no_grad(), fast_linears(model), grouped_attention(model):
+    with torch.no_grad(), target_profile(model).backend.verification(model):
         want = model(input_ids=torch.tensor([[*prefix, root, b, c]], device=device)).logits[0, 3:].float()
         scale = float(want.abs().max()) + 1e-6
         cache = target_cache(model)
@@ -69,7 +68,7 @@ def check_tree_verification(model: PreTrainedModel) -> None:
     """Raise `ValueError` where the model cannot verify trees as hf-spec drives it (checked once per model and
     attention implementation, in eval mode; `HF_SPEC_TREE_CHECK=0` skips it, e.g. for a large model on a CPU, where
     its four short forwards take seconds)."""
-    if os.environ.get("HF_SPEC_TREE_CHECK", "").strip().lower() in ("0", "false", "no"):
+    if not envs.HF_SPEC_TREE_CHECK:
         return
     key = getattr(model.config, "_attn_implementation", None)
     cached = model.__dict__.get("_hf_spec_tree_check")

@@ -1,9 +1,9 @@
-"""The verification forward's inputs, and what a verification costs by tree size on this machine.
+"""The verification forward and its inputs, and what a verification costs by tree size on this machine.
 
-How much a verification costs per extra tree node depends on the CPU: on a Xeon with AMX a bfloat16 Qwen-0.5B
-verification of 1 and of 16 nodes take the same time, on an AMD Zen 5 each node adds ~3%. `flat_tree_budget`
-turns measured costs into the largest tree that verifies at about the price of one node; `measured_tree_budget`
-does both on a live generation.
+How much each extra tree node costs depends on the hardware (flat where the matmuls are bandwidth-bound or run on
+tiles, rising where they are compute-bound), so tree budgets can be measured rather than fixed:
+`flat_tree_budget` turns measured costs into the largest tree that verifies at about the price of one node;
+`measured_tree_budget` does both on a live generation.
 """
 
 from __future__ import annotations
@@ -14,13 +14,33 @@ import time
 import numpy as np
 import torch
 
-from hf_spec.kernels.grouped_attention import grouped_attention
-from hf_spec.kernels.screened_head import screened_lm_head, screening_applies
-from hf_spec.tree.buffers import DraftTree, tree_attention_mask, tree_position_ids
+from hf_spec.compat import cache_kwargs
+from hf_spec.tree.draft_tree import DraftTree
+from hf_spec.tree.masks import tree_attention_mask, tree_position_ids
 from hf_spec.verify.cache import crop_cache
 from hf_spec.verify.windows import sequence_mask
 
 logger = logging.getLogger(__name__)
+
+
+def target_forward(
+    model,
+    cache,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    attention_mask: torch.Tensor | dict | None,
+    output_hidden_states: bool,
+):
+    """The stock verification forward of `input_ids` `(rows, width)` at `position_ids` `(rows, width)` into
+    `cache`, with the 4D mask `attention_mask` (`None`: causal). The kernel backend is entered by the caller."""
+    return model(
+        input_ids=input_ids,
+        position_ids=position_ids,
+        attention_mask=attention_mask,
+        **cache_kwargs(model, cache),
+        use_cache=True,
+        output_hidden_states=output_hidden_states,
+    )
 
 
 def verification_inputs(
@@ -47,15 +67,18 @@ def time_verifications(drafter, state, sizes: list[int], repeats: int = 3) -> di
     """Seconds of one greedy verification forward of an `n`-node tree for each `n` in `sizes` (the minimum of
     `repeats` after one warm-up call), through `drafter.verify_forward` on the live cache behind the current
     root; every block is cropped away again, so the state is left as it was. The trees repeat the root token and
-    branch (a 4D tree mask, as the loop verifies Post-use's grafted trees); attention runs as in the loop
-    (`grouped_attention`, a no-op inside it).
+    branch (a 4D tree mask, as the loop verifies Post-use's grafted trees), inside the target's kernel backend as
+    in the loop.
 
     Returns:
         `{n: seconds}`.
     """
+    from hf_spec.engine.profile import target_profile
+
     model, past = state.model, state.seq_len - 1
     root = state.input_ids[:, -1:]
-    screen = screening_applies(model, False, False, False)
+    profile = target_profile(model)
+    screen = profile.screens(do_sample=False, has_processors=False, returns_scores=False)
     costs: dict[int, float] = {}
     for n in sizes:
         # a chain with its last node moved one level up: a branching tree (one node is a chain, as in the loop)
@@ -65,7 +88,7 @@ def time_verifications(drafter, state, sizes: list[int], repeats: int = 3) -> di
         seconds = []
         for _ in range(repeats + 1):
             t0 = time.perf_counter()
-            with screened_lm_head(model, enabled=screen), grouped_attention(model):
+            with profile.backend.verification(model, screen=screen):
                 drafter.verify_forward(state, tree, ids, positions, mask, False)
             seconds.append(time.perf_counter() - t0)
             crop_cache(state.cache, past)

@@ -19,6 +19,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from hf_spec.heads.exits.config import MODEL_TYPE, ExitHeadsConfig
+from hf_spec.hub_ids import resolve_folder
 from hf_spec.kernels.skinny_linear import skinny_linear
 from hf_spec.kernels.weight_only import QuantizedWeight
 from hf_spec.models.fingerprint import check_fingerprint, target_fingerprint
@@ -196,6 +197,8 @@ def load_exit_lm(
     model: PreTrainedModel, heads_path: str | os.PathLike | None, draft_vocab: bool = False
 ) -> ExitLM:
     """`ExitLM` of `model` with the heads saved at `heads_path` (fingerprint-checked), or the stock exits."""
+    if heads_path:  # a folder or a Hub id `org/name[@revision]` (its local snapshot)
+        heads_path = resolve_folder(heads_path, "exit heads")
     heads = ExitHeads.from_pretrained(heads_path, model) if heads_path else None
     if heads is not None:  # the heads read hidden states where the LM head is
         heads.to(model.get_output_embeddings().weight.device, next(model.parameters()).dtype)

@@ -6,13 +6,11 @@ from collections.abc import Iterator
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from hf_spec.kernels.grouped_attention import grouped_attention
-from hf_spec.kernels.skinny_linear import fast_linears
+from hf_spec.engine.profile import target_profile
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
-from hf_spec.methods.common import chain_with_siblings
 from hf_spec.methods.draft_model.config import DraftModelConfig
 from hf_spec.methods.stepwise import StepwiseDrafter
-from hf_spec.tree.buffers import DraftTree
+from hf_spec.tree.draft_tree import DraftTree
 from hf_spec.verify.cache import cache_kwargs, compact_cache, crop_cache
 from hf_spec.verify.windows import sequence_mask, target_cache
 
@@ -68,8 +66,8 @@ class DraftModelDrafter(Drafter, StepwiseDrafter):
 
     @contextlib.contextmanager
     def _fast(self) -> Iterator[None]:
-        """The draft model's linears and attention on hf-spec's CPU kernels, as the target's in the loop."""
-        with fast_linears(self.draft), grouped_attention(self.draft):
+        """The draft model's linears and attention on the target's kernel backend, as the target's in the loop."""
+        with target_profile(self.model).backend.drafting(self.draft, linears=True):
             yield
 
     @torch.no_grad()
@@ -91,7 +89,7 @@ class DraftModelDrafter(Drafter, StepwiseDrafter):
                 if step + 1 < depth:
                     logits = self._next_logits(top.indices[:1].view(1, 1), self.cached + len(self.pending))
                     self.pending.append(chain[-1])
-        return chain_with_siblings(chain, siblings if cfg.siblings else None)
+        return DraftTree.chain_with_siblings(chain, siblings if cfg.siblings else None)
 
     def observe(self, state: SpecState, result: RoundResult) -> None:
         # keep the drafted tokens the target committed, drop the rest

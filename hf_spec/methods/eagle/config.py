@@ -1,10 +1,11 @@
+"""Config of `eagle`: EAGLE-2 dynamic draft trees from an EAGLE or HASS feature-level draft head."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from hf_spec.config import MethodConfig
-from hf_spec.kernels.weight_only import SCHEMES
+from hf_spec.config import MethodConfig, QuantizeScheme
 
 
 @dataclass
@@ -19,7 +20,7 @@ class EagleConfig(MethodConfig):
         total_tokens: verification budget: nodes kept after the global rerank by cumulative log-probability.
         vocab_limit: draft from the first N rows of the head's draft vocabulary only (the N most frequent
             tokens; 0 = all): a smaller LM-head read per level, fewer tokens draftable.
-        quantize: draft with packed `int8` or `int4` copies of the head's weights (CPU; `""`: as loaded): the
+        quantize: draft with packed `int8` or `int4` copies of the head's weights (CPU; None: as loaded): the
             head's cost here is reading its weights, and verification keeps the output exact either way.
         max_catch_up: when more committed positions wait for the head than this (a long prompt, or rounds a
             hybrid drafted without it), it feeds only the latest this many; the older ones never enter its
@@ -29,14 +30,16 @@ class EagleConfig(MethodConfig):
     method: ClassVar[str] = "eagle"
     main_arg: ClassVar[str] = "head"
 
-    head: str = field(default="", metadata={"help": "draft head folder"})
+    head: str | None = field(default=None, metadata={"help": "draft head folder"})
     depth: int = field(default=5, metadata={"help": "draft tree depth"})
     topk: int = field(default=4, metadata={"help": "children per expanded node / nodes expanded per level"})
     total_tokens: int = field(default=16, metadata={"help": "nodes verified per round (after the rerank)"})
     vocab_limit: int = field(
         default=0, metadata={"help": "draft from the N most frequent draft tokens (0: all)"}
     )
-    quantize: str = field(default="", metadata={"help": "draft weights: '', int8 or int4"})
+    quantize: QuantizeScheme | None = field(
+        default=None, metadata={"help": "packed draft weights: int8, int4 or None (as loaded)"}
+    )
     max_catch_up: int = field(
         default=0, metadata={"help": "positions the head feeds at most when it catches up (0: all)"}
     )
@@ -47,8 +50,6 @@ class EagleConfig(MethodConfig):
             raise ValueError("eagle: depth, topk and total_tokens must be >= 1")
         if self.vocab_limit < 0 or self.max_catch_up < 0:
             raise ValueError("eagle: vocab_limit and max_catch_up must be >= 0")
-        if self.quantize and self.quantize not in SCHEMES:
-            raise ValueError(f"eagle: quantize must be '', 'int8' or 'int4', got {self.quantize!r}")
 
     @classmethod
     def from_cli_arg(cls, arg: str | None) -> EagleConfig:

@@ -14,10 +14,11 @@ import torch
 from hf_spec.heads.eagle.modeling import EagleHeadModel
 from hf_spec.methods.base import SpecState
 from hf_spec.methods.eagle.config import EagleConfig
-from hf_spec.methods.eagle.stepwise import EagleStepper
+from hf_spec.methods.eagle.stepper import EagleStepper
 from hf_spec.methods.head_drafter import HeadDrafter, load_draft_head
-from hf_spec.tree.buffers import DraftTree, additive_mask
-from hf_spec.tree.scored import ScoredTree, prune, to_draft_tree
+from hf_spec.tree.draft_tree import DraftTree
+from hf_spec.tree.masks import level_mask
+from hf_spec.tree.scored import ScoredTree, prune_scored
 from hf_spec.verify.cache import cache_length, crop_cache
 
 
@@ -83,22 +84,21 @@ class EagleDrafter(HeadDrafter, EagleStepper):
                     level_nodes.extend(range(start, len(tokens)))
         finally:
             crop_cache(self.cache, committed)
-        return to_draft_tree(prune(ScoredTree(tokens, parents, scores, depths), cfg.total_tokens))
+        return prune_scored(ScoredTree(tokens, parents, scores, depths), cfg.total_tokens).to_draft_tree()
 
     def _feed(self, beam, tokens, parents, source_h, slot_of, committed: int, position: int) -> torch.Tensor:
         """One head forward of the `beam` nodes (same depth) with a tree mask; returns their head states."""
         past = cache_length(self.cache)
         n = len(beam)
-        allowed = torch.zeros(n, past + n, dtype=torch.bool)
-        allowed[:, :committed] = True
+        ancestor_slots = []
         for row, node in enumerate(beam):
-            allowed[row, past + row] = True
-            anc = parents[node]
+            slots, anc = [], parents[node]
             while anc >= 0:
-                allowed[row, slot_of[anc]] = True
+                slots.append(slot_of[anc])
                 anc = parents[anc]
+            ancestor_slots.append(slots)
             slot_of[node] = past + row
-        mask = additive_mask(allowed, self.dtype).to(self.device)
+        mask = level_mask(past, committed, ancestor_slots, self.dtype).to(self.device)
         features = torch.stack([source_h[i] for i in beam])[None]
         ids = torch.tensor([[tokens[i] for i in beam]], device=self.device)
         positions = torch.full((1, n), position, device=self.device)

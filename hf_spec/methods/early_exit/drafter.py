@@ -8,11 +8,10 @@ from torch import nn
 from hf_spec.heads.exits.model import ExitLM, load_exit_lm
 from hf_spec.kernels.weight_only import QuantizedWeight, draft_linears, quantize_linears
 from hf_spec.methods.base import Drafter, SpecState
-from hf_spec.methods.common import chain_with_siblings
 from hf_spec.methods.early_exit.config import EarlyExitConfig
 from hf_spec.methods.stepwise import StepwiseDrafter
 from hf_spec.models.layers import DecoderParts, decoder_parts, run_layers
-from hf_spec.tree.buffers import DraftTree
+from hf_spec.tree.draft_tree import DraftTree
 from hf_spec.verify.cache import cache_length, compact_cache, crop_cache
 
 
@@ -97,7 +96,7 @@ class EarlyExitDrafter(Drafter, StepwiseDrafter):
                     token = best[:1].view(1, 1)
         finally:
             crop_cache(state.cache, past, range(self.exit_layer))
-        return chain_with_siblings(chain, siblings if cfg.siblings else None)
+        return DraftTree.chain_with_siblings(chain, siblings if cfg.siblings else None)
 
     # ---- step-wise drafting (StepwiseDrafter hooks): same forward as `propose`, several tokens at once ----
     def _step_prepare(self, state: SpecState):

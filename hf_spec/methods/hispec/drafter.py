@@ -33,19 +33,12 @@ import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from hf_spec.heads.exits.model import load_exit_lm
-from hf_spec.kernels.skinny_linear import fast_linears
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
 from hf_spec.methods.hispec.config import HiSpecConfig
 from hf_spec.models.layers import check_layerwise_forward, decoder_parts, run_layers
-from hf_spec.tree.buffers import DraftTree
+from hf_spec.tree.draft_tree import DraftTree
+from hf_spec.tree.masks import causal_mask
 from hf_spec.verify.cache import cache_length, crop_cache
-
-
-def causal_block_mask(past: int, n: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
-    """Additive mask `(1, 1, n, past + n)`: `n` new positions see the `past` cached ones and themselves causally."""
-    mask = torch.zeros(n, past + n, dtype=dtype)
-    mask[:, past:] = torch.full((n, n), torch.finfo(dtype).min, dtype=dtype).triu(1)
-    return mask.view(1, 1, n, past + n).to(device)
 
 
 @dataclass
@@ -132,7 +125,7 @@ class HiSpecDrafter(Drafter):
         """
         parts, device = self.parts, state.input_ids.device
         token, drafts, hidden = rnd.pending, [], []
-        with fast_linears(state.model):
+        with state.backend.drafting(state.model, linears=True):
             for step in range(self.config.num_draft_tokens):
                 position_ids = torch.tensor([[rnd.held + step]], device=device)
                 h = run_layers(
@@ -154,8 +147,8 @@ class HiSpecDrafter(Drafter):
         exit agrees with, crop layers [0, L_i) to the kept positions."""
         n = len(drafts)
         position_ids = torch.arange(rnd.held, rnd.held + n, device=hidden.device).unsqueeze(0)
-        mask = causal_block_mask(rnd.held, n, hidden.dtype, hidden.device)
-        with fast_linears(state.model):
+        mask = causal_mask(n, rnd.held, hidden.dtype, hidden.device)
+        with state.backend.drafting(state.model, linears=True):
             h = run_layers(
                 self.parts, hidden, position_ids, state.cache, self.draft_layer, self.verify_layer, mask
             )
@@ -196,8 +189,8 @@ class HiSpecDrafter(Drafter):
         if rnd.past != state.seq_len - 1 or rnd.tokens != tree.tokens.tolist():
             raise RuntimeError("hispec: asked to verify a tree it did not propose")
         hidden = torch.cat(rnd.hidden, dim=1)  # [1, 1 + len(tree), hidden_size]
-        mask = causal_block_mask(rnd.past, hidden.shape[1], hidden.dtype, hidden.device)
-        with fast_linears(state.model):
+        mask = causal_mask(hidden.shape[1], rnd.past, hidden.dtype, hidden.device)
+        with state.backend.drafting(state.model, linears=True):
             h = run_layers(
                 self.parts, hidden, position_ids, state.cache, self.verify_layer, self.parts.num_layers, mask
             )

@@ -1,18 +1,17 @@
+"""Config of `lyanna`: a hidden-state chain head drafts token-info trees and re-samples rejected branches."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Literal
 
-from hf_spec.config import MethodConfig
-from hf_spec.kernels.weight_only import SCHEMES
-
-RESAMPLE_MODES = ("off", "separate", "fused")
-TOKEN_INFO_MODES = ("lowrank", "table", "off")
+from hf_spec.config import MethodConfig, QuantizeScheme
 
 
 @dataclass
 class LyannaConfig(MethodConfig):
-    """Lyanna decoding ("Make Every Draft Count: Hidden State based Speculative Decoding").
+    """Lyanna decoding ([Chen et al. 2026, "Make Every Draft Count: Hidden State based Speculative
+    Decoding"](https://arxiv.org/abs/2602.21224)).
 
     Args:
         head: folder of a head saved by `hf-spec train lyanna`.
@@ -28,40 +27,39 @@ class LyannaConfig(MethodConfig):
         hot_tokens: source tokens that get token info (the most frequent; 0 = the whole draft vocabulary).
         vocab_limit: draft from the first N rows of the head's draft vocabulary only (the N most frequent
             tokens; 0 = all): a smaller LM-head read and token-info rows, fewer tokens draftable.
-        quantize: draft with packed `int8` or `int4` copies of the head's weights (CPU; `""`: as loaded): the
+        quantize: draft with packed `int8` or `int4` copies of the head's weights (CPU; None: as loaded): the
             head's cost here is reading its weights, and verification keeps the output exact either way.
     """
 
     method: ClassVar[str] = "lyanna"
     main_arg: ClassVar[str] = "head"
 
-    head: str = field(default="", metadata={"help": "Lyanna head folder"})
+    head: str | None = field(default=None, metadata={"help": "Lyanna head folder"})
     depth: int = field(default=6, metadata={"help": "chain length k"})
     topk: int = field(default=4, metadata={"help": "children per node / nodes kept per level"})
     budget: int = field(default=16, metadata={"help": "verification budget B of the fresh tree"})
-    resample: str = field(default="fused", metadata={"help": "off | separate | fused"})
+    resample: Literal["off", "separate", "fused"] = field(
+        default="fused", metadata={"help": "re-sampling after a rejection: off, separate or fused"}
+    )
     resample_min_steps: int = field(default=1, metadata={"help": "r: re-sample if more than r steps remain"})
     resample_budget: int = field(default=6, metadata={"help": "nodes of the re-sampled subtree"})
-    token_info: str = field(default="lowrank", metadata={"help": "lowrank | table | off"})
+    token_info: Literal["lowrank", "table", "off"] = field(
+        default="lowrank", metadata={"help": "token information per node: lowrank, table or off"}
+    )
     hot_tokens: int = field(
         default=0, metadata={"help": "tokens with token info (0: whole draft vocabulary)"}
     )
-
     vocab_limit: int = field(
         default=0, metadata={"help": "draft from the N most frequent draft tokens (0: all)"}
     )
-    quantize: str = field(default="", metadata={"help": "draft weights: '', int8 or int4"})
+    quantize: QuantizeScheme | None = field(
+        default=None, metadata={"help": "packed draft weights: int8, int4 or None (as loaded)"}
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.vocab_limit < 0:
             raise ValueError("lyanna: vocab_limit must be >= 0")
-        if self.quantize and self.quantize not in SCHEMES:
-            raise ValueError(f"lyanna: quantize must be '', 'int8' or 'int4', got {self.quantize!r}")
-        if self.resample not in RESAMPLE_MODES:
-            raise ValueError(f"lyanna: resample must be one of {RESAMPLE_MODES}, got {self.resample!r}")
-        if self.token_info not in TOKEN_INFO_MODES:
-            raise ValueError(f"lyanna: token_info must be one of {TOKEN_INFO_MODES}, got {self.token_info!r}")
         if min(self.depth, self.topk, self.budget) < 1:
             raise ValueError("lyanna: depth, topk and budget must be >= 1")
 

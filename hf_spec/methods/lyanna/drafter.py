@@ -10,8 +10,8 @@ from hf_spec.methods.base import RoundResult, SpecState
 from hf_spec.methods.head_drafter import HeadDrafter, load_draft_head
 from hf_spec.methods.lyanna.config import LyannaConfig
 from hf_spec.methods.lyanna.token_tree import token_info_tree
-from hf_spec.tree.buffers import DraftTree
-from hf_spec.tree.scored import ScoredTree, fuse, prune, to_draft_tree
+from hf_spec.tree.draft_tree import DraftTree
+from hf_spec.tree.scored import ScoredTree, fuse_scored, prune_scored
 from hf_spec.verify.cache import cache_length, crop_cache
 
 
@@ -77,7 +77,7 @@ class LyannaDrafter(HeadDrafter):
             tree = token_info_tree(
                 remaining, self.token_info, self.head.d2t, self.config.topk, root_token=bonus
             )
-            self.resampled = prune(tree, self.config.resample_budget)
+            self.resampled = prune_scored(tree, self.config.resample_budget)
             self.resample_count += 1
 
     def skip_round(self) -> None:
@@ -93,7 +93,7 @@ class LyannaDrafter(HeadDrafter):
         cfg = self.config
         if self.resampled is not None and cfg.resample == "separate":  # verify the re-sampled subtree alone
             tree, self.resampled, self.chain_logits = self.resampled, None, None
-            return to_draft_tree(tree).truncate_depth(max_depth)
+            return tree.to_draft_tree().truncate_depth(max_depth)
         if not self.can_draft():
             return DraftTree.empty()
         with self.fast_head():
@@ -104,11 +104,13 @@ class LyannaDrafter(HeadDrafter):
             chain = self._chain(h_root, state.seq_len - 1, depth)  # [depth, H]
             # ONE LM-head call for the whole chain: [depth, V_draft]
             self.chain_logits = self.lm_logits(self.head.parts.norm(chain))
-        tree = prune(token_info_tree(self.chain_logits, self.token_info, self.head.d2t, cfg.topk), cfg.budget)
+        tree = prune_scored(
+            token_info_tree(self.chain_logits, self.token_info, self.head.d2t, cfg.topk), cfg.budget
+        )
         if self.resampled is not None:  # verification fusion
-            tree = fuse(tree, self.resampled)
+            tree = fuse_scored(tree, self.resampled)
             self.resampled = None
-        return to_draft_tree(tree).truncate_depth(max_depth)
+        return tree.to_draft_tree().truncate_depth(max_depth)
 
     def _chain(self, h_root: torch.Tensor, root_pos: int, depth: int) -> torch.Tensor:
         """h_1..h_depth: each step one token through the layer, no token input; cropped after."""

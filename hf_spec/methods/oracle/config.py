@@ -1,3 +1,5 @@
+"""Config of `oracle`: a diagnostic drafter that replays the true greedy continuation."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -8,7 +10,8 @@ from hf_spec.config import MethodConfig
 @dataclass
 class OracleConfig(MethodConfig):
     """Diagnostic, not a user method: proposes the true greedy continuation (computed beforehand), so every
-    draft token is accepted under greedy decoding. It measures the loop's ceiling and its own overhead.
+    draft token is accepted under greedy decoding. It measures the ceiling of the speculative loop
+    ([Leviathan et al. 2023](https://arxiv.org/abs/2211.17192)) and its own overhead.
 
     Args:
         num_draft_tokens: chain length per round.

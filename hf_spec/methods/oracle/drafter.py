@@ -4,7 +4,7 @@ import torch
 
 from hf_spec.methods.base import Drafter, SpecState
 from hf_spec.methods.oracle.config import OracleConfig
-from hf_spec.tree.buffers import DraftTree
+from hf_spec.tree.draft_tree import DraftTree
 
 
 class OracleDrafter(Drafter):

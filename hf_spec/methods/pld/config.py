@@ -1,3 +1,5 @@
+"""Config of `pld`: prompt lookup decoding that merges several n-gram continuations into one token tree."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -7,7 +9,8 @@ from hf_spec.config import MethodConfig
 
 @dataclass
 class PLDConfig(MethodConfig):
-    """Prompt lookup decoding (Saxena 2023) that proposes several continuations as one token tree.
+    """Prompt lookup decoding ([Saxena 2023](https://github.com/apoorvumang/prompt-lookup-decoding)) that proposes
+    several continuations as one token tree.
 
     Args:
         num_draft_tokens: longest continuation drafted (tree depth).
@@ -15,9 +18,8 @@ class PLDConfig(MethodConfig):
         max_candidates: continuations merged into the tree.
         max_nodes: verification budget (tree size) when the match is strong.
         strong_ngram: a match this long (or longer) earns the full budget.
-        weak_nodes: budget when only shorter n-grams match. With hf-spec's CPU verification kernel, verifying
-            up to ~6 tokens costs about one plain step, 16 about 1.6 steps (Qwen2.5-0.5B, 2 threads), so weak
-            matches get a small tree. Defaults from a sweep over one prompt of each Spec-Bench group.
+        weak_nodes: budget when only shorter n-grams match: a short match is often wrong, and verifying a few
+            tokens costs about as much as one plain decoding step while a large tree costs more.
     """
 
     method = "pld"

@@ -1,50 +1,7 @@
-"""Pure helpers: grafting cached phrases onto a draft tree, and cutting verified phrases out of a round."""
+"""Pure helpers: cutting verified phrases out of a round (grafting cached phrases onto the verification tree is
+`hf_spec.tree.fusion.graft`)."""
 
 from __future__ import annotations
-
-import torch
-
-from hf_spec.tree.buffers import DraftTree
-
-
-def graft(tree: DraftTree, grafts: list[tuple[int, list[int]]], max_nodes: int) -> tuple[DraftTree, int]:
-    """Append each continuation of `grafts` (`(anchor node, tokens)`, anchor `-1` = the root) below its
-    anchor, sharing nodes with an existing child of the same token, until the tree has `max_nodes` nodes.
-
-    The original nodes keep their indices and order; new nodes come after them, so sampled siblings keep
-    their proposal order and `draft_probs` rows (new nodes get all-zero rows: deterministic proposals).
-
-    Example: chain [a, b] (nodes 0, 1), grafts [(0, [b, c]), (-1, [d])] -> tokens [a, b, c, d],
-    parents [-1, 0, 1, -1]: `b` is shared, `c` hangs below it, `d` below the root.
-
-    Returns the new tree and the number of nodes added.
-    """
-    tokens = tree.tokens.tolist()
-    parents = tree.parents.tolist()
-    child: dict[tuple[int, int], int] = {}
-    for i, (p, t) in enumerate(zip(parents, tokens, strict=True)):
-        child.setdefault((p, t), i)
-    start = len(tokens)
-    for anchor, cont in grafts:
-        node = anchor
-        for tok in cont:
-            tok = int(tok)
-            nxt = child.get((node, tok))
-            if nxt is None:
-                if len(tokens) >= max_nodes:
-                    break
-                nxt = len(tokens)
-                child[(node, tok)] = nxt
-                tokens.append(tok)
-                parents.append(node)
-            node = nxt
-    added = len(tokens) - start
-    if not added:
-        return tree, 0
-    probs = tree.draft_probs
-    if probs is not None:
-        probs = torch.cat([probs, probs.new_zeros(added, probs.shape[1])])
-    return DraftTree(torch.tensor(tokens), torch.tensor(parents), probs), added
 
 
 def agreeing_runs(tokens: list[int], agree: list[bool]) -> list[list[int]]:

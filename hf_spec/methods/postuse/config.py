@@ -1,13 +1,17 @@
+"""Config of `postuse`: Post-use (a token cache of verified phrases reused at the drafter and at the target) and
+Pre-cut (a Q-learning draft-length controller) around another drafter."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from hf_spec.config import MethodConfig
 
 
 @dataclass
 class PostUseConfig(MethodConfig):
-    """Post-use & Pre-cut ("Holistic Token Efficient Speculative Decoding", https://openreview.net/forum?id=ELhSQC3BJE):
+    """Post-use & Pre-cut (["Holistic Token Efficient Speculative Decoding"](https://openreview.net/forum?id=ELhSQC3BJE)):
     two training-free plug-ins around any hf-spec drafter.
 
     - Post-use: the draft positions the target agrees with (also after the first mismatch) and the committed
@@ -21,8 +25,8 @@ class PostUseConfig(MethodConfig):
     Both only change what is proposed; verification keeps the output exactly the target's.
 
     Args:
-        drafter: the wrapped drafter: a method spec (`"early-exit:20"`) or a nested config dict
-            (`{"method": "early-exit", "exit_layer": 20}`).
+        drafter: the wrapped drafter: a method spec (`"early-exit:20"`) or a method config (object, or dict with its
+            `method`: `{"method": "early-exit", "exit_layer": 20}`).
         draft_length: fixed draft length lambda (draft tokens per round) when `precut` is off.
         max_draft_length: lambda_max, the longest draft with `precut` [24].
         reuse_draft: Post-use at the drafter (Algorithm 2); needs a step-wise drafter.
@@ -37,11 +41,10 @@ class PostUseConfig(MethodConfig):
         max_tree_nodes: verification budget (draft + cached nodes); 0: measured at the first generation, the
             largest tree up to `auto_tree_max` nodes whose verification costs at most `auto_tree_tolerance` times
             a one-node one (`hf_spec.verify.forward.flat_tree_budget`; 5 where the loop verifies no tree of ours:
-            batched rows, transformers' assisted loop): ~13 where verifying is flat (a Xeon
-            with AMX in bfloat16), ~6 where each node adds ~3% (AMD Zen 5).
+            batched rows, transformers' assisted loop). Where verifying more nodes costs nothing extra that is
+            `auto_tree_max`; where each node adds to the verification, less.
         auto_tree_max / auto_tree_tolerance: the largest tree measured, and the cost allowed over one node.
         admit_prompt: also admit the prompt's phrases at the start of a generation.
-        keep_cache: keep the cache across `generate` calls (the paper's pool); False clears it per call.
         alpha / gamma / epsilon: Q-learning rate, discount and exploration [0.1, 0.99].
         init_continue / init_stop: initial Q values (CONTINUE slightly above STOP).
         benefit_buckets: buckets of the expected benefit (product of draft confidences) in the state.
@@ -52,16 +55,20 @@ class PostUseConfig(MethodConfig):
             bonus token: tokens per unit cost, i.e. speed; the choice when a draft call costs about as much as
             a target call, where the flat paper reward cannot tell draft lengths apart).
         warmup_rounds: first rounds of a fresh table that draft to `max_draft_length` (every position a trial).
-        q_table: JSON Q-table to start from (`hf-spec train postuse` writes one); "" = initial values.
+        q_table: JSON Q-table to start from (`hf-spec train postuse` writes one); None = initial values.
         freeze: no Q updates and no exploration (reproducible runs with a learned table).
-        seed: exploration seed.
+
+    The token cache lives as long as the drafter (the paper's pool, across `generate` calls); exploration draws
+    from a generator seeded with 0.
     """
 
     method = "postuse"
     main_arg = "drafter"
+    # options of config_version 1 and the value that behaves as today's code
+    removed_fields = {"keep_cache": True, "seed": 0}
 
-    drafter: str | dict = field(
-        default="early-exit", metadata={"help": "wrapped drafter: method spec or config dict"}
+    drafter: str | MethodConfig = field(
+        default="early-exit", metadata={"help": "wrapped drafter: method spec or config"}
     )
     draft_length: int = field(default=3, metadata={"help": "fixed draft length without precut"})
     max_draft_length: int = field(default=24, metadata={"help": "lambda_max with precut"})
@@ -82,7 +89,6 @@ class PostUseConfig(MethodConfig):
         default=1.15, metadata={"help": "max_tree_nodes 0: cost allowed over a one-node verification"}
     )
     admit_prompt: bool = field(default=False, metadata={"help": "admit the prompt's phrases"})
-    keep_cache: bool = field(default=True, metadata={"help": "keep the cache across generate calls"})
     alpha: float = field(default=0.1, metadata={"help": "Q-learning rate"})
     gamma: float = field(default=0.99, metadata={"help": "Q-learning discount"})
     epsilon: float = field(default=0.05, metadata={"help": "exploration rate while learning"})
@@ -90,18 +96,15 @@ class PostUseConfig(MethodConfig):
     init_stop: float = field(default=0.0, metadata={"help": "initial Q(STOP)"})
     benefit_buckets: int = field(default=10, metadata={"help": "expected-benefit buckets"})
     target_cost: float = field(default=0.0, metadata={"help": "target call in draft calls (0: measured)"})
-    reward: str = field(default="useful", metadata={"help": "'useful' (paper), 'accepted' or 'committed'"})
+    reward: Literal["useful", "accepted", "committed"] = field(
+        default="useful", metadata={"help": "tokens the reward counts: useful (paper), accepted or committed"}
+    )
     warmup_rounds: int = field(default=0, metadata={"help": "rounds drafting to max_draft_length"})
-    q_table: str = field(default="", metadata={"help": "JSON Q-table to load"})
+    q_table: str | None = field(default=None, metadata={"help": "JSON Q-table to start from"})
     freeze: bool = field(default=False, metadata={"help": "no Q updates, no exploration"})
-    seed: int = field(default=0, metadata={"help": "exploration seed"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.reward not in ("useful", "accepted", "committed"):
-            raise ValueError(
-                f"postuse reward must be 'useful', 'accepted' or 'committed', got {self.reward!r}"
-            )
         for name in ("draft_length", "max_draft_length", "phrase_length", "pool_size", "phrases_per_anchor"):
             if getattr(self, name) < 1:
                 raise ValueError(f"postuse {name} must be >= 1, got {getattr(self, name)}")
@@ -112,5 +115,3 @@ class PostUseConfig(MethodConfig):
             )
         if self.phrase_length < 2:
             raise ValueError("postuse phrase_length (beta) must be >= 2: a phrase is an anchor plus tokens")
-        if not isinstance(self.drafter, str | dict):
-            raise ValueError(f"postuse drafter must be a method spec or a config dict, got {self.drafter!r}")

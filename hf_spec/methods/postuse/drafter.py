@@ -7,13 +7,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hf_spec.config import MethodConfig
 from hf_spec.methods.base import Drafter, RoundResult, SpecState, check_wrappable
-from hf_spec.methods.postuse.branches import agreeing_runs, graft, windows
+from hf_spec.methods.postuse.branches import agreeing_runs, windows
 from hf_spec.methods.postuse.config import PostUseConfig
 from hf_spec.methods.postuse.controller import PreCutController
 from hf_spec.methods.postuse.token_cache import TokenCache
 from hf_spec.methods.stepwise import DraftStep, StepwiseDrafter
-from hf_spec.tree.buffers import DraftTree
+from hf_spec.tree.draft_tree import DraftTree
+from hf_spec.tree.fusion import graft
 from hf_spec.verify.forward import measured_tree_budget
 
 EMA = 0.05  # smoothing of the measured draft-call and verification times
@@ -43,7 +45,10 @@ class PostUseStats:
 
 
 @dataclass
-class _Round:
+class PostUseRound:
+    """What a round drafted, for `observe`: the chain, where its tokens sit in the tree, the draft calls and the
+    controller's states."""
+
     chain: list[int]  # [root] + drafted chain tokens
     chain_nodes: list[int]  # tree node of each drafted chain token
     call_ends: list[int]  # chain length after each draft call
@@ -51,14 +56,11 @@ class _Round:
     grafted_from: int  # nodes >= this index came from the cache
 
 
-def build_drafter(spec: str | dict, model, tokenizer=None) -> Drafter:
-    """The wrapped drafter from a method spec (`"early-exit:20"`) or a config dict (`{"method": ...}`)."""
+def build_drafter(spec: str | MethodConfig, model, tokenizer=None) -> Drafter:
+    """The wrapped drafter from a method spec (`"early-exit:20"`) or a method config."""
     from hf_spec.registry import get_method, parse_method
 
-    if isinstance(spec, dict):
-        config = get_method(spec.get("method", "")).config_cls.from_dict(spec)
-    else:
-        config = parse_method(spec)
+    config = parse_method(spec)
     if config.method == "postuse":
         raise ValueError("postuse wraps another drafter, not itself")
     return get_method(config.method).drafter_cls(config, model, tokenizer)
@@ -101,14 +103,13 @@ class PostUseDrafter(Drafter):
                 config.init_continue,
                 config.init_stop,
                 frozen=config.freeze,
-                seed=config.seed,
             )
             if config.q_table:
                 self.controller.load(config.q_table)
         self.stats = PostUseStats()
         self.draft_seconds: float | None = None  # EMA of one draft call
         self.verify_seconds: float | None = None  # EMA of one verification round (propose end -> observe)
-        self._round: _Round | None = None
+        self._round: PostUseRound | None = None
         self._proposed_at = 0.0
         self._next_window = 0  # first committed position whose window is not final in the cache
         self._stats_at_begin: dict = {}
@@ -124,8 +125,6 @@ class PostUseDrafter(Drafter):
         self._round = None
         self._next_window = 0 if self.config.admit_prompt else state.seq_len - 1
         if self.cache is not None:
-            if not self.config.keep_cache:
-                self.cache.clear()
             t0 = time.perf_counter()
             self._admit_committed(state.input_ids[0].tolist())
             self.stats.cache_seconds += time.perf_counter() - t0
@@ -174,7 +173,7 @@ class PostUseDrafter(Drafter):
             t0 = time.perf_counter()
             tree = self._graft_cached(tree, [root] + chain, [-1] + chain_nodes, max_depth)
             self.stats.cache_seconds += time.perf_counter() - t0
-        self._round = _Round([root] + chain, chain_nodes, call_ends, states, grafted_from)
+        self._round = PostUseRound([root] + chain, chain_nodes, call_ends, states, grafted_from)
         self._proposed_at = time.perf_counter()
         return tree
 
@@ -314,7 +313,7 @@ class PostUseDrafter(Drafter):
             self.controller.update(rnd.states, self._rewards(rnd, agree))
             st.controller_seconds += time.perf_counter() - t0
 
-    def _agreement(self, rnd: _Round, result: RoundResult) -> list[bool]:
+    def _agreement(self, rnd: PostUseRound, result: RoundResult) -> list[bool]:
         """Per chain token: does the target's argmax after its parent equal it (paper Eq. 7)? Without the
         target's predictions (transformers' assisted loop), the accepted prefix."""
         preds = result.target_predictions
@@ -329,7 +328,7 @@ class PostUseDrafter(Drafter):
         tokens, parents = result.tree.tokens.tolist(), result.tree.parents.tolist()
         return [tokens[n] == preds[parents[n] + 1] for n in rnd.chain_nodes]
 
-    def _rewards(self, rnd: _Round, agree: list[bool]) -> list[float]:
+    def _rewards(self, rnd: PostUseRound, agree: list[bool]) -> list[float]:
         """r_t = eta_t - 1 for stopping after call t: useful (or accepted, or committed) tokens of the first t
         calls over their cost, t draft calls + one target call."""
         cost_target = self.target_cost

@@ -1,3 +1,5 @@
+"""Config of `retrieval`: REST-style drafting from a token datastore and the context, as one token tree."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -7,21 +9,21 @@ from hf_spec.config import MethodConfig
 
 @dataclass
 class RetrievalConfig(MethodConfig):
-    """Retrieval drafting (REST, He et al. 2024; Talon's retrieval half): the longest suffix of the context found
-    in a token datastore and in the prompt + generated text (paper Algorithm 1), its continuations merged into
-    a trie with cumulative frequencies and pruned to a node budget.
+    """Retrieval drafting ([REST](https://arxiv.org/abs/2311.08252), He et al. 2024; Talon's retrieval half): the
+    longest suffix of the context found in a token datastore and in the prompt + generated text (paper Algorithm
+    1), its continuations merged into a trie with cumulative frequencies and pruned to a node budget.
 
     Args:
         datastore: a datastore recipe (see `hf_spec.datastore.DatastoreRecipe`: `corpus`, `responses`,
             `early_exit_prompts`, ...): built on first use and cached under `$HF_SPEC_CACHE/datastores/`.
-        datastore_path: a datastore folder from `hf-spec datastore build` (overrides `datastore`).
+        datastore_path: a datastore folder from `hf-spec datastore build` (overrides `datastore`); None: none.
         num_draft_tokens: tree depth (continuation length).
         max_match / min_match: context suffix lengths tried, longest first.
         max_occurrences: occurrences sampled for the continuations of a frequent suffix.
         max_nodes: tree budget when the match is strong (m in the paper).
         strong_match: a match this long earns `max_nodes`; shorter ones get `weak_nodes`.
-        weak_nodes: tree budget for short matches (verification of ~6 tokens costs about one plain step on a
-            2-core CPU, 16 about 1.5).
+        weak_nodes: tree budget for short matches: their continuations are often wrong, so a small tree that
+            costs about one plain decoding step to verify.
         long_match: a match this long (0: off) drafts `long_draft_tokens` deep with `long_nodes` nodes: a long
             suffix match is text being copied (a summary quoting its source, code being edited), whose
             continuation tends to hold for more than `num_draft_tokens`.
@@ -38,9 +40,8 @@ class RetrievalConfig(MethodConfig):
         auto_nodes: fit `max_nodes` to this machine: the first generation (batch size 1, hf-spec's loop) times
             verifications of 1..`max_nodes` nodes on its own cache and keeps the largest tree that costs at most
             `auto_nodes_tolerance` x one node's verification (`hf_spec.verify.forward.flat_tree_budget`); later
-            generations reuse it. `long_nodes` stays as set (copied text pays for deep trees). Where a node costs
-            nothing (bfloat16 on an Intel Xeon with AMX, up to 16 rows) that is `max_nodes`; on an AMD EPYC Zen 4,
-            where each node adds ~3 ms to a ~45 ms verification, 5-8.
+            generations reuse it. `long_nodes` stays as set (copied text pays for deep trees). Where verifying
+            more nodes costs nothing extra that is `max_nodes`; where each node adds to the verification, less.
         auto_nodes_tolerance: cost allowed over one node's verification (>= 1).
     """
 
@@ -48,7 +49,7 @@ class RetrievalConfig(MethodConfig):
     main_arg = "datastore_path"
 
     datastore: dict = field(default_factory=dict, metadata={"help": "datastore recipe (built on first use)"})
-    datastore_path: str = field(default="", metadata={"help": "prebuilt datastore folder"})
+    datastore_path: str | None = field(default=None, metadata={"help": "prebuilt datastore folder"})
     num_draft_tokens: int = field(default=10, metadata={"help": "tree depth"})
     max_match: int = field(default=16, metadata={"help": "longest context suffix matched"})
     min_match: int = field(default=1, metadata={"help": "shortest context suffix matched"})

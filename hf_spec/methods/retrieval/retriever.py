@@ -11,8 +11,8 @@ from hf_spec.datastore.index import SEP
 from hf_spec.datastore.store import tokenizer_id
 from hf_spec.methods.pld.ngram_matcher import first_continuation
 from hf_spec.methods.retrieval.config import RetrievalConfig
-from hf_spec.tree.buffers import DraftTree
-from hf_spec.tree.trie import retrieval_tree
+from hf_spec.tree.draft_tree import DraftTree
+from hf_spec.tree.retrieval import retrieval_tree
 from hf_spec.verify.forward import measured_tree_budget
 
 _LOADED: dict[tuple, Datastore] = {}  # one loaded datastore per (recipe key or path), shared by drafters

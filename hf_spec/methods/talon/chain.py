@@ -17,7 +17,7 @@ from transformers import DynamicCache
 from hf_spec.datastore.sources import ExitHead
 from hf_spec.kernels.weight_only import QuantizedWeight, draft_linears
 from hf_spec.models.layers import decoder_parts, run_layers
-from hf_spec.tree.buffers import causal_mask
+from hf_spec.tree.masks import causal_mask
 from hf_spec.verify.cache import crop_cache
 
 

@@ -1,3 +1,6 @@
+"""The Talon drafter: a retrieval tree and a model drafter's tree fused into one token tree per round, the model
+optionally drafting ahead on a worker thread (async mode) or the target pre-verifying the retrieval tree there."""
+
 from __future__ import annotations
 
 import functools
@@ -10,16 +13,15 @@ from hf_spec.kernels.screened_head import max_screened_rows
 from hf_spec.methods.base import Drafter, RoundResult, SpecState, check_wrappable
 from hf_spec.methods.early_exit.config import EarlyExitConfig
 from hf_spec.methods.early_exit.drafter import exit_draft_parts
-from hf_spec.methods.retrieval.config import RetrievalConfig
 from hf_spec.methods.retrieval.retriever import Retriever
 from hf_spec.methods.talon.chain import ExitChain
 from hf_spec.methods.talon.config import TalonConfig
 from hf_spec.methods.talon.overlap import DraftWorker
 from hf_spec.methods.talon.preverify import PreVerified, finish_verification, pre_verify
 from hf_spec.methods.talon.switch import CostAwareSwitch, RunningMean
-from hf_spec.registry import get_method, parse_method
-from hf_spec.tree.buffers import DraftTree
-from hf_spec.tree.fusion import fuse_trees, fused_path, matched_depth
+from hf_spec.registry import get_method
+from hf_spec.tree.draft_tree import DraftTree
+from hf_spec.tree.fusion import fuse_trees, fused_path, graft, matched_depth
 from hf_spec.verify.cache import cache_length, crop_cache
 
 
@@ -30,7 +32,7 @@ def _step_nodes(model) -> int:
     return max_screened_rows(weights) - 1
 
 
-class _Round(NamedTuple):
+class TalonRound(NamedTuple):
     """What a round drafted, for `observe`: the model tree and both trees' node indices in the fused tree (none
     for a dropped retrieval tree), the retrieval match length, whether the model ran, the retrieval tree."""
 
@@ -59,15 +61,13 @@ class TalonDrafter(Drafter):
     def __init__(self, config: TalonConfig, model, tokenizer=None) -> None:
         super().__init__(config, model, tokenizer)
         self.retriever = (
-            Retriever(RetrievalConfig.from_dict(config.retrieval), model, tokenizer)
-            if config.retrieval is not None
-            else None
+            Retriever(config.retrieval, model, tokenizer) if config.retrieval is not None else None
         )
         self.chain: ExitChain | None = None
         self.sub: Drafter | None = None
         self.chain_len = 0
-        if config.drafter:
-            sub_config = parse_method(config.drafter)
+        sub_config = config.drafter_config()
+        if sub_config is not None:
             if isinstance(sub_config, EarlyExitConfig):
                 layer, exits, quantized = exit_draft_parts(sub_config, model)
                 self.chain = ExitChain(
@@ -89,7 +89,7 @@ class TalonDrafter(Drafter):
                 check_wrappable(self.sub, "talon")
                 self.requires_hidden_states = self.sub.requires_hidden_states
         self.worker: DraftWorker | None = None
-        self._round: _Round | None = None
+        self._round: TalonRound | None = None
         self.switch = (
             CostAwareSwitch(
                 explore_every=config.explore_every,
@@ -125,7 +125,7 @@ class TalonDrafter(Drafter):
         if self.sub is not None:
             self.sub.begin(state)
         if self.config.mode == "async" and self.chain is not None:
-            self.worker = DraftWorker(self.config.draft_threads, self.config.verify_threads)
+            self.worker = DraftWorker(verify_threads=self.config.verify_threads)
         self._chain_rate = 1.0
         self._pre = None
         if self.switch is not None:
@@ -187,15 +187,14 @@ class TalonDrafter(Drafter):
         else:
             model_tree = self._model_tree(state, max_depth) if use_model else DraftTree.empty()
         fused, model_map, ret_map = fuse_trees(model_tree, ret_tree)
-        self._round = _Round(model_tree, model_map, ret_map, match, use_model, retrieved)
+        self._round = TalonRound(model_tree, model_map, ret_map, match, use_model, retrieved)
         self._pre = (pre, fused, ret_map) if pre is not None else None
         self.rounds["pre_verified"] += pre is not None
         if use_model:
             self.rounds["model"] += 1
             self.rounds["model_only"] += not len(ret_tree) and len(retrieved) > 0
             if ahead and len(model_tree):
-                block = self.config.draft_ahead or self.chain_len
-                n = self._own_nodes + 1 + block  # the chain, the guessed bonus, then the next block
+                n = self._own_nodes + 1 + self.chain_len  # the chain, the guessed bonus, then the next block
                 self.worker.submit(lambda stop: self.chain.draft(n, stop))
         return fused
 
@@ -259,12 +258,9 @@ class TalonDrafter(Drafter):
         if not more:
             return tree
         self.rounds["extended"] += 1
-        n = len(tree)
-        parents = torch.cat([tree.parents, torch.tensor([node, *range(n, n + len(more) - 1)])])
-        probs = tree.draft_probs
-        if probs is not None:  # retrieved tokens are deterministic proposals: zero rows
-            probs = torch.cat([probs, probs.new_zeros(len(more), probs.shape[1])])
-        return DraftTree(torch.cat([tree.tokens, torch.tensor(more)]), parents, probs)
+        # below a leaf every token is a new node; retrieved tokens are deterministic proposals (zero rows)
+        extended, _ = graft(tree, [(node, more)], len(tree) + len(more))
+        return extended
 
     def _draft_model_tree(self, state: SpecState, max_depth: int) -> DraftTree:
         if self.sub is not None:
@@ -279,7 +275,7 @@ class TalonDrafter(Drafter):
         return DraftTree.chain(self._last_chain)
 
     def observe(self, state: SpecState, result: RoundResult) -> None:
-        no_round = _Round(DraftTree.empty(), [], [], 0, False, DraftTree.empty())
+        no_round = TalonRound(DraftTree.empty(), [], [], 0, False, DraftTree.empty())
         model_tree, model_map, ret_map, match, used_model, retrieved = self._round or no_round
         used_retrieval = len(ret_map) > 0
         accepted = fused_path(model_map, result.accepted)

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from hf_spec.kernels.skinny_linear import fast_linears
-from hf_spec.tree.buffers import DraftTree, additive_mask, tree_attention_mask, tree_position_ids
+from hf_spec.engine.profile import target_profile
+from hf_spec.tree.draft_tree import DraftTree
+from hf_spec.tree.masks import additive_mask, tree_attention_mask, tree_position_ids
 from hf_spec.verify.cache import cache_kwargs, cache_length, compact_cache
 from hf_spec.verify.windows import sequence_mask, windowed_mask
 
@@ -90,7 +91,7 @@ def finish_verification(
         mask = windowed_mask(
             model, additive_mask(allowed, model.dtype).to(device), positions, key_positions[None]
         )
-        with fast_linears(model):
+        with target_profile(model).backend.drafting(model, linears=True):
             out = model(
                 input_ids=fused.tokens[torch.tensor(new)].view(1, -1).to(device),
                 position_ids=positions.to(device),

@@ -2,12 +2,12 @@
 
 Running means of
     R[b] = tokens the retrieval tree alone gets accepted, per bucket b of retrieval match length,
-    G    = extra tokens the model's branches add (rounds that ran both; measured on Spec-Bench prompts with
-           the HASS head it hardly depends on the match length, ~0.4 tokens for every b, so it is pooled).
+    G    = extra tokens the model's branches add (rounds that ran both; pooled over match lengths, on which it
+           depends little).
 Without the model a round commits R + 1 tokens in time T; with it R + G + 1 in T + c, where c is the model's
-draft time plus the verification time of the nodes it adds (measured: the round time's slope in the number of
-verified nodes, a running least-squares fit, times the model's mean extra nodes; on long prompts a node costs
-more). The model pays when (R + G + 1) / (T + c) > (R + 1) / T, i.e.
+draft time plus the verification time of the nodes it adds (the round time's slope in the number of verified
+nodes, a running least-squares fit, times the model's mean extra nodes). The model pays when
+(R + G + 1) / (T + c) > (R + 1) / T, i.e.
 
     G > (R[b] + 1) * c / T,
 
@@ -15,27 +15,25 @@ so it is skipped where retrieval alone already gets long runs accepted (copying 
 updated every round; G only when the model runs, so after `explore_every` skipped rounds in a row it runs once
 anyway. The means live as long as the drafter (they carry over from one `generate` call to the next).
 
-`choose` (Talon's `switch: best`) also lets a round drop the retrieval tree. Where verification is dear (a
-float32 target: ~9 ms per node on a 2-core CPU) the fused tree of both halves can cost more than the tokens it
-adds over the better half alone. With a round's time fitted as a + s * nodes (+ the model's draft time d) it
-picks the largest expected tokens per second among
+`choose` (Talon's `switch: best`) also lets a round drop the retrieval tree: where verification is dear (e.g. a
+float32 target on a CPU) the fused tree of both halves can cost more than the tokens it adds over the better half
+alone. With a round's time fitted as a + s * nodes (+ the model's draft time d) it picks the largest expected
+tokens per second among
 
     retrieval: (R[b] + 1) / (a + s n_r)     model: (M + 1) / (a + s n_m + d)     both: (R[b] + G + 1) / (a + s (n_r + x) + d)
 
 with n_r the round's retrieval tree, n_m the model tree's mean size, x the model's mean extra nodes in fused trees
 and M what the model tree alone gets accepted. The fit has a step too: a greedy float32 verification of at most
-`step_nodes` nodes reads the int8-screened LM head (`hf_spec.kernels.screened_head`: 5 nodes, 31 with AVX512-VNNI),
-a larger one the fp32 head, so each `s * n` above reads `s * n + h * [n > step_nodes]`, with h fitted with s (two-regressor running least
-squares; h = 0 where all rounds fall on one side). Without the step a linear fit over 2- to 24-node rounds priced a
-3-node model chain and a 7-node fused tree alike, and the switch fused trees where the model chain alone was faster
-(Spec-Bench math_reasoning and translation, session 12: hybrid 0.86-0.87x model-only).
+`step_nodes` nodes reads the int8-screened LM head (`hf_spec.kernels.screened_head`), a larger one the fp32 head,
+so each `s * n` above reads `s * n + h * [n > step_nodes]`, with h fitted with s (two-regressor running least
+squares; h = 0 where all rounds fall on one side). Without the step, a linear fit prices a short model chain and
+a larger fused tree alike where they fall on either side of it.
 
 In model-only rounds R is what the retrieval tree would have had accepted by the committed tokens (exact under
 greedy verification), and G = max(R, M) - R as the fused tree would have had (R is not updated when the retrieval
-tree matched all of them). After `explore_every` rounds that did not run both, both run once; so does a round whose
-match bucket has no R yet, or whose last dropped retrieval tree there was censored (an unmeasured bucket reads R =
-0, so its retrieval tree would be dropped for good: on a summarization prompt matches of 5-8 tokens were, tau 7.5
-against retrieval alone's 10.7).
+tree matched all of them: it would have had more). After `explore_every` rounds that did not run both, both run
+once; so does a round whose match bucket has no R yet, or whose last dropped retrieval tree there was censored:
+an unmeasured bucket reads R = 0, so its retrieval tree would otherwise be dropped for good.
 """
 
 from __future__ import annotations

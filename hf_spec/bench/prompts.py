@@ -1,0 +1,61 @@
+"""Benchmark prompts: Spec-Bench-style question files, their category groups, and chat encoding."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+# Spec-Bench's six groups: the eight MT-bench categories count as one
+MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+
+
+def spec_bench_group(category: str) -> str:
+    return "mt_bench" if category in MT_BENCH else category
+
+
+@dataclass
+class Prompt:
+    question_id: str
+    category: str
+    turns: list[str]
+
+
+def load_prompts(
+    path: str | os.PathLike, limit: int | None = None, per_category: int | None = None
+) -> list[Prompt]:
+    """Spec-Bench questions; `per_category` keeps the first K of each category (file order), then `limit`."""
+    prompts = []
+    with open(path) as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                turns = row["turns"]
+                if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
+                    raise TypeError(f"turns must be a non-empty list of strings, got {turns!r:.60}")
+                prompts.append(Prompt(str(row["question_id"]), row.get("category", "all"), turns))
+            except (json.JSONDecodeError, KeyError, TypeError) as err:
+                raise ValueError(f"{path}:{line_no}: not a Spec-Bench question ({err})") from None
+    if not prompts:
+        raise ValueError(f"{path} holds no prompts")
+    if per_category:
+        seen: dict[str, int] = defaultdict(int)
+        kept = []
+        for p in prompts:
+            seen[p.category] += 1
+            if seen[p.category] <= per_category:
+                kept.append(p)
+        prompts = kept
+    return prompts[:limit] if limit else prompts
+
+
+def encode_chat(tokenizer, messages: list[dict]) -> torch.Tensor:
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
+    return tokenizer("\n".join(m["content"] for m in messages), return_tensors="pt").input_ids

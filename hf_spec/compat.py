@@ -1,0 +1,79 @@
+"""Shims for the transformers versions hf-spec supports (5.x), in one place.
+
+- The KV cache's name: transformers 5.24 renamed the decoding-method argument, the forward argument and the output
+  field `past_key_values` to `cache` (the old names stay deprecated until 5.40 for forwards and 6.0 for
+  `generate`). hf-spec reads a cache under either name and passes it by the name the installed version and the
+  called forward take.
+- Arguments `generate` drops: transformers 5.x does not hand `streamer` (nor `assistant_model`, nor the
+  `custom_generate` value itself) to a callable `custom_generate`; hf-spec reads them back from the calling
+  `generate` frame.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+
+import torch
+from transformers import Cache
+from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
+
+# the key under which `generate` hands a decoding method the KV cache in `model_kwargs` (5.24+: "cache")
+GENERATE_CACHE_KEY = (
+    "cache"
+    if "cache" in inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
+    else "past_key_values"
+)
+# the field of `generate`'s output dataclasses that holds the KV cache (5.24+: "cache")
+OUTPUT_CACHE_FIELD = (
+    "cache"
+    if "cache" in {f.name for f in dataclasses.fields(GenerateDecoderOnlyOutput)}
+    else "past_key_values"
+)
+
+
+@functools.cache
+def forward_cache_name(cls: type) -> str:
+    """The name under which `cls.forward` takes the KV cache (`cache` or `past_key_values`)."""
+    try:
+        params = inspect.signature(cls.forward).parameters
+    except (TypeError, ValueError):
+        params = {}
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    return GENERATE_CACHE_KEY  # `*args, **kwargs` forwards (wrappers): the installed transformers' name
+
+
+def cache_kwargs(module: torch.nn.Module, cache) -> dict:
+    """`{name: cache}` for a forward of `module` (a model or a decoder layer), by the name its forward takes."""
+    return {forward_cache_name(type(module)): cache}
+
+
+def passed_cache(model_kwargs: dict, pop: bool = False) -> Cache | None:
+    """The KV cache `generate` put in `model_kwargs` (either name); `pop` removes it."""
+    get = model_kwargs.pop if pop else model_kwargs.get
+    found = [get(name, None) for name in ("cache", "past_key_values")]
+    return next((c for c in found if c is not None), None)
+
+
+def generate_frame_local(name: str, max_hops: int = 6):
+    """A local variable of the nearest enclosing transformers `generate` call (None outside one)."""
+    generate_code = inspect.unwrap(GenerationMixin.generate).__code__
+    frame = inspect.currentframe()
+    try:
+        for _ in range(max_hops):
+            frame = frame.f_back if frame is not None else None
+            if frame is None:
+                return None
+            if frame.f_code is generate_code:
+                return frame.f_locals.get(name)
+        return None
+    finally:
+        del frame
+
+
+def streamer_from_generate_frame():
+    """The `streamer` given to the calling `generate` (5.x drops it before a callable `custom_generate`)."""
+    return generate_frame_local("streamer")

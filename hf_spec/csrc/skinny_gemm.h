@@ -1,0 +1,106 @@
+// Shared parts of hf-spec's CPU kernels for skinny products: y[M, N] = x[M, K] @ w[N, K]^T with few rows M of x.
+// Every kernel reads each row of w from memory once: a tile of up to NR rows of w meets up to MR rows of x held in
+// registers (x stays in L1/L2), vectorised over K, while the next tile of w is prefetched; the tiles are split over
+// torch's intra-op threads with `at::parallel_for`. The ISA is chosen at run time through per-function target
+// attributes, so one build serves any x86-64 CPU.
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace hf_spec {
+
+constexpr int64_t NR = 4;     // rows of w per tile (all ISAs)
+constexpr int MR_AVX512 = 6;  // rows of x per tile: 4 x 6 accumulators + 4 w + 1 x = 29 of 32 zmm
+constexpr int MR_AVX2 = 3;    // 4 x 3 accumulators + 3 x + 1 w = 16 ymm
+constexpr int MR_SCALAR = 4;
+
+enum Isa : int { kIsaScalar = 0, kIsaAvx2 = 1, kIsaAvx512 = 2 };
+
+// ------------------------------------------------------------------------------------------------ entry points
+// All pointers are to contiguous buffers; `isa` is capped by the caller at `best_isa()`.
+
+int best_isa();    // the best of kIsaScalar / kIsaAvx2 (AVX2 + FMA) / kIsaAvx512 this CPU runs
+bool has_vnni();   // AVX-512 F, BW and VNNI
+bool has_bf16();   // AVX-512 F, BW and BF16
+
+// y = x @ w^T (+ bias), fp32 (gemm_f32.cpp)
+void skinny_gemm(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N, int64_t K,
+                 int isa);
+// y = (x @ q^T) * scale[N], int8 q widened to fp32 in registers (gemm_int8.cpp)
+void skinny_gemm_i8(const float* x, const int8_t* q, const float* scale, float* y, int64_t M, int64_t N, int64_t K,
+                    int isa);
+// y = float((xu - 128) @ q^T) * (scale[N] * xs[M]), exact int32 sums on AVX512-VNNI (gemm_int8.cpp)
+void skinny_gemm_u8s8(const uint8_t* xu, const float* xs, const int8_t* q, const int32_t* qsum, const float* scale,
+                      float* y, int64_t M, int64_t N, int64_t K);
+// y ~= x @ (q * scale)^T with each row of x quantized to int8 first, on AVX512-VNNI (gemm_int8.cpp)
+void skinny_gemm_w8a8(const float* x, const int8_t* q, const int32_t* qsum, const float* scale, float* y, int64_t M,
+                      int64_t N, int64_t K);
+// y = x @ w^T (+ bias) for bfloat16 x and w, fp32 sums and y (gemm_bf16.cpp)
+void skinny_gemm_bf16(const uint16_t* x, const uint16_t* w, const float* bias, float* y, int64_t M, int64_t N,
+                      int64_t K, int isa);
+// keep[j] = some row m of a (M, N) has a[m, j] + ew[m] coef[j] + eq[m] qn[j] >= floor[m] (select_within.cpp)
+void select_within(const float* a, const float* floor, const float* ew, const float* eq, const float* coef,
+                   const float* qn, uint8_t* keep, int64_t M, int64_t N);
+
+// ------------------------------------------------------------------------------------------------ helpers
+#define HF_AVX2 __attribute__((target("avx2,fma")))
+#define HF_AVX512 __attribute__((target("avx512f,avx2,fma")))
+
+HF_AVX2 inline __m128 hsum128_avx2(__m256 a) {
+  return _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+}
+
+HF_AVX2 inline float hsum_avx2(__m256 a) {
+  __m128 s = hsum128_avx2(a);
+  s = _mm_hadd_ps(s, s);
+  s = _mm_hadd_ps(s, s);
+  return _mm_cvtss_f32(s);
+}
+
+HF_AVX512 inline __m128 hsum128_avx512(__m512 a) {
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a),
+                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+// the order of the 4-row epilogue's hadd tree, so a row of w gets the same bits in a full tile and in a tail tile
+HF_AVX512 inline float hsum_avx512(__m512 a) {
+  __m128 s = hsum128_avx512(a);
+  s = _mm_hadd_ps(s, s);
+  s = _mm_hadd_ps(s, s);
+  return _mm_cvtss_f32(s);
+}
+
+// a dispatch table of tile functions, table[nr - 1][mr - 1], for 1..4 rows of w and 1..6 rows of x
+#define HF_ROW(F, NRT) {F<NRT, 1>, F<NRT, 2>, F<NRT, 3>, F<NRT, 4>, F<NRT, 5>, F<NRT, 6>}
+#define HF_TABLE(F) {HF_ROW(F, 1), HF_ROW(F, 2), HF_ROW(F, 3), HF_ROW(F, 4)}
+
+// Tiles of `nr_tile` rows of q (N rows in all), each against all M rows of x in chunks of at most `mr_max` rows
+// (split evenly), over torch's threads: tile(n, nr, m, mr, npf) runs rows [n, n + nr) of q against rows [m, m + mr)
+// of x while prefetching `npf` rows of the next tile (during a tile's first chunk). `per_tile` is a tile's work in
+// multiply-adds: a thread gets at least ~256K of them (a few microseconds) before the tiles are split.
+template <typename Tile>
+void over_q_tiles(int64_t M, int64_t N, int64_t nr_tile, int mr_max, int64_t per_tile, Tile tile) {
+  const int64_t tiles = (N + nr_tile - 1) / nr_tile;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(per_tile, 1));
+  const int64_t chunks = (M + mr_max - 1) / mr_max;
+  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
+    const int64_t n1 = std::min(N, t1 * nr_tile);
+    for (int64_t n = t0 * nr_tile; n < n1; n += nr_tile) {
+      const int64_t nr = std::min<int64_t>(nr_tile, n1 - n);
+      const int npf = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(nr_tile, n1 - (n + nr_tile))));
+      int64_t m = 0;
+      for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t mr = (M - m) / (chunks - c);
+        tile(n, nr, m, mr, c == 0 ? npf : 0);
+        m += mr;
+      }
+    }
+  });
+}
+
+}  // namespace hf_spec

@@ -1,0 +1,60 @@
+"""Draft heads in the layouts other projects publish, loaded onto a target and run by hf-spec's own drafters.
+
+| format | method | where it comes from | detected by |
+|---|---|---|---|
+| `eagle` | `eagle` | EAGLE-1/2 heads of the EAGLE authors (SafeAILab/EAGLE) | `fc.weight` [H, 2H] + `layers.0.*` |
+
+`load_published_head(folder, target, method, name)` is what a drafter's loader calls when a head folder is not
+one of hf-spec's own (`config.json` without an `hf_spec_*` model type).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from transformers import PreTrainedModel
+
+from hf_spec.heads.base import DraftHeadModel
+from hf_spec.heads.published.eagle import is_eagle_checkpoint, load_eagle_head
+from hf_spec.heads.published.files import read_config, read_weights
+
+
+def detect_format(config: dict[str, Any], tensors: dict) -> str | None:
+    """The published format of a checkpoint (`"eagle"`, `"eagle3"`), or None when it is none of them."""
+    if is_eagle_checkpoint(config, tensors):
+        return "eagle"
+    if any(k.startswith("midlayer.") for k in tensors):
+        return "eagle3"
+    return None
+
+
+def is_published_config(config: dict[str, Any]) -> bool:
+    """Whether a `config.json` may be a published head's: one decoder layer, not an hf-spec model type (so a
+    whole model passed by mistake is refused before its weights are read)."""
+    model_type = str(config.get("model_type", ""))
+    layers = config.get("num_hidden_layers", 1)
+    return not model_type.startswith("hf_spec") and layers == 1
+
+
+def load_published_head(
+    folder: str | os.PathLike, target: PreTrainedModel, method: str, name: str | None = None
+) -> DraftHeadModel | None:
+    """The head in `folder` (named `name` by the user: a path or Hub id) for `method`, checked against `target`;
+    None when `folder` is not a published head at all. A published head of another method is refused with an
+    error naming the method to use."""
+    what = f"the {method} head {name or os.fspath(folder)!r}"
+    config = read_config(folder, what)
+    if not is_published_config(config):
+        return None
+    tensors = read_weights(folder, what)
+    found = detect_format(config, tensors)
+    if found is None:
+        return None
+    if found != method:
+        label = {"eagle": "EAGLE-1/2", "eagle3": "EAGLE-3"}[found]
+        raise ValueError(f"{what} is a published {label} head: use {found}:{name or os.fspath(folder)}")
+    return load_eagle_head(config, tensors, target, what)
+
+
+__all__ = ["detect_format", "load_published_head"]

@@ -1,0 +1,180 @@
+"""EAGLE-1/2 heads as the EAGLE authors publish them (e.g. `yuhuili/EAGLE-LLaMA3-Instruct-8B`).
+
+Layout: `config.json` is a Llama config with `num_hidden_layers: 1`, the target's hidden and vocab sizes, an
+optional `"bias"` (of `fc`, true when absent) and an optional `"qkv_bias"` (biases on q/k/v, for Qwen2
+targets); weights in `model.safetensors` or `pytorch_model.bin`:
+
+    fc.weight                      [H, 2H]   (+ fc.bias [H])
+    layers.0.self_attn.{q,k,v,o}_proj.weight
+    layers.0.mlp.{gate,up,down}_proj.weight
+    layers.0.post_attention_layernorm.weight          (the layer has no input norm)
+    embed_tokens.weight            [V, H]    optional: a copy of the target's embedding, not used
+
+The head reads the target's last hidden state after its final norm, `y_{t-1}`, not hf-spec's unit features:
+
+    h_t = Layer(fc([E(x_t); y_{t-1}]))       # embedding first; the pair at t sits at rotary position t - 1
+    p(x_{t+1}) = softmax(LMHead(h_t))        # the target's LM head, no norm in between
+
+Later draft steps feed `h_t` back in place of `y_t`, as in hf-spec's own heads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+from hf_spec.heads.base import DraftHeadConfig
+from hf_spec.heads.eagle.modeling import EagleHeadModel
+from hf_spec.heads.published.compat import check_fits_target
+
+FORMAT = "eagle"  # EAGLE-1/2, the EAGLE authors' layout
+
+
+def is_eagle_checkpoint(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> bool:
+    """Whether `(config.json, tensors)` is an EAGLE-1/2 head in the EAGLE authors' layout."""
+    keys = list(tensors)
+    return (
+        "fc.weight" in tensors
+        and any(k.startswith("layers.0.") for k in keys)
+        and not any(k.startswith("midlayer.") for k in keys)
+    )
+
+
+def layer_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The decoder-layer fields of a published EAGLE config (EAGLE's layer: Llama's, q/k/v biases with
+    `qkv_bias`, which is Qwen2's layer; `head_dim` is hidden / heads)."""
+    try:
+        hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+        fields = {
+            "model_type": "qwen2" if config.get("qkv_bias") else "llama",
+            "hidden_size": hidden,
+            "intermediate_size": int(config["intermediate_size"]),
+            "num_attention_heads": heads,
+            "num_key_value_heads": int(config.get("num_key_value_heads") or heads),
+            "head_dim": hidden // heads,
+            "hidden_act": config.get("hidden_act", "silu"),
+            "rms_norm_eps": float(config.get("rms_norm_eps", 1e-6)),
+            "max_position_embeddings": int(config.get("max_position_embeddings", 2048)),
+            "rope_theta": float(config.get("rope_theta", 10000.0)),
+        }
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"config.json lacks or garbles a field of the head's layer ({err!r})") from None
+    if config.get("rope_scaling"):
+        fields["rope_scaling"] = config["rope_scaling"]
+    if fields["model_type"] == "llama":
+        fields |= {"attention_bias": False, "mlp_bias": False}
+    return fields
+
+
+class PublishedEagleHead(EagleHeadModel):
+    """An EAGLE-1/2 head of the EAGLE authors' layout, run by hf-spec's `eagle` drafter."""
+
+    # the drafter feeds the target's post-norm states themselves (`HeadDrafter.target_features`)
+    reads_post_norm_states = True
+
+    def __init__(self, config: DraftHeadConfig, fc_bias: bool = True) -> None:
+        super().__init__(config)
+        hidden = config.hidden_size
+        self.fc = nn.Linear(2 * hidden, hidden, bias=fc_bias)
+        self.layer.input_layernorm = nn.Identity()  # EAGLE's layer 0 has no input norm
+        self.what = "this EAGLE head"
+
+    def forward(
+        self,
+        features: torch.Tensor,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        cache=None,
+    ) -> torch.Tensor:
+        """Args:
+            features: `(batch, q_len, hidden_size)`: the target's post-norm state y_{t-1} (or the head's own
+                h_{t-1}) for each query position t.
+            input_ids: `torch.LongTensor` of shape `(batch, q_len)`, x_t.
+            position_ids: `(batch, q_len)`, t (EAGLE's rotary position is t - 1).
+            attention_mask: additive `(batch, 1, q_len, kv_len)`.
+        Returns:
+            h: `(batch, q_len, hidden_size)`.
+        """
+        embeds = self.parts.embed_tokens(input_ids).to(features.dtype)
+        fused = self.fc(torch.cat([embeds, features], dim=-1))
+        return self.run_layer(fused, position_ids - 1, attention_mask, cache)
+
+    def attach_target(self, target: PreTrainedModel) -> PublishedEagleHead:
+        """Check the head fits `target` (shapes, vocabulary), move it to the device of the target's LM head and
+        borrow the target's embedding and LM head (read without a norm in between)."""
+        check_fits_target(self.what, target, self.config.hidden_size, self.config.draft_vocab_size)
+        lm_weight = target.get_output_embeddings().weight
+        self.to(lm_weight.device)
+        self.target_parts = PublishedParts(target.get_input_embeddings(), nn.Identity(), lm_weight.detach())
+        return self
+
+
+class PublishedParts:
+    """`TargetParts` of a published head: an embedding, the norm before the LM head (none for EAGLE-1/2) and the
+    LM-head rows of the draft vocabulary."""
+
+    def __init__(self, embed_tokens: nn.Module, norm: nn.Module, lm_weight: torch.Tensor) -> None:
+        self.embed_tokens = embed_tokens
+        self.norm = norm
+        self.lm_weight = lm_weight  # [draft_vocab_size, hidden_size]
+
+
+def load_eagle_head(
+    config: dict[str, Any], tensors: dict[str, torch.Tensor], target: PreTrainedModel, what: str
+) -> PublishedEagleHead:
+    """Build the head from a published `config.json` and its tensors, checked against `target` first."""
+    try:
+        hidden = int(config["hidden_size"])
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"cannot load {what}: config.json has no hidden_size") from None
+    vocab = config.get("vocab_size")
+    check_fits_target(what, target, hidden, vocab, config.get("model_type"))
+    if int(config.get("num_hidden_layers", 1)) != 1:
+        raise ValueError(
+            f"cannot load {what}: {config['num_hidden_layers']} layers, EAGLE-1/2 heads have one"
+        )
+    try:
+        fields = layer_config(config)
+    except ValueError as err:
+        raise ValueError(f"cannot load {what}: {err}") from None
+    head_config = DraftHeadConfig(
+        layer_config=fields, draft_vocab_size=int(target.get_output_embeddings().weight.shape[0])
+    )
+    head = PublishedEagleHead(head_config, fc_bias=bool(config.get("bias", True)))
+    head.what = what
+    state = {}
+    for key, tensor in tensors.items():
+        if key == "embed_tokens.weight":  # the target's embedding, stored for EAGLE's own loader: check only
+            want = tuple(target.get_input_embeddings().weight.shape)
+            if tuple(tensor.shape) != want:
+                raise ValueError(
+                    f"{what} stores an embedding of shape {tuple(tensor.shape)}, the target's is {want}"
+                )
+            continue
+        state["layer." + key.removeprefix("layers.0.") if key.startswith("layers.0.") else key] = tensor
+    load_checked(head, state, what, ignore=("d2t",))
+    return head.to(next(target.parameters()).dtype).eval().attach_target(target)
+
+
+def load_checked(
+    module: nn.Module, state: dict[str, torch.Tensor], what: str, ignore: tuple[str, ...] = ()
+) -> None:
+    """`module.load_state_dict(state)`, with one `ValueError` naming the missing, unexpected or misshapen
+    tensors of a damaged or foreign checkpoint."""
+    own = {k: v for k, v in module.state_dict().items() if k not in ignore}
+    missing = sorted(k for k in own if k not in state)
+    if missing:
+        raise ValueError(f"{what} lacks weights {missing[:5]}: a damaged or foreign checkpoint")
+    unexpected = sorted(k for k in state if k not in own)
+    if unexpected:
+        raise ValueError(f"{what} holds unexpected weights {unexpected[:5]}: not this format, or damaged")
+    for key, tensor in state.items():
+        if tuple(tensor.shape) != tuple(own[key].shape):
+            raise ValueError(
+                f"{what}: {key} has shape {tuple(tensor.shape)}, its config implies {tuple(own[key].shape)}"
+            )
+    module.load_state_dict(state, strict=False)
