@@ -7,7 +7,8 @@
 # BASE_REV is checked out as a git worktree next to this checkout (../hf-spec-base-<rev>) and imported through
 # PYTHONPATH with this checkout's .venv, so both runs share one Python, torch and transformers. Relative paths in
 # the bench arguments (configs, prompts, ../shared) resolve in each checkout, as they would for a user there.
-# Writes OUT_DIR/base and OUT_DIR/new (each a bench output folder) and OUT_DIR/ab.md.
+# Writes OUT_DIR/base and OUT_DIR/new (each a bench output folder) and OUT_DIR/ab.md. The base runs first;
+# AB_ORDER=new-first runs the working tree first (run both orders to see the drift between two runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 base_rev=$1 out=$2
@@ -20,10 +21,21 @@ base_dir=$(cd .. && pwd)/hf-spec-base-$(git rev-parse --short "$base_rev")
 [ -d "$base_dir" ] || git worktree add --detach "$base_dir" "$base_rev" >/dev/null
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-echo "== base $(git -C "$base_dir" rev-parse --short HEAD) in $base_dir"
-(cd "$base_dir" && PYTHONPATH="$base_dir" "$python" -m hf_spec.cli.main bench "$@" --out "$out/base")
-echo "== new $(git rev-parse --short HEAD) (+ working tree) in $here"
-(cd "$here" && PYTHONPATH="$here" "$python" -m hf_spec.cli.main bench "$@" --out "$out/new")
+run_base() {
+  echo "== base $(git -C "$base_dir" rev-parse --short HEAD) in $base_dir"
+  (cd "$base_dir" && PYTHONPATH="$base_dir" "$python" -m hf_spec.cli.main bench "$@" --out "$out/base")
+}
+run_new() {
+  echo "== new $(git rev-parse --short HEAD) (+ working tree) in $here"
+  (cd "$here" && PYTHONPATH="$here" "$python" -m hf_spec.cli.main bench "$@" --out "$out/new")
+}
+if [ "${AB_ORDER:-base-first}" = new-first ]; then
+  run_new "$@"
+  run_base "$@"
+else
+  run_base "$@"
+  run_new "$@"
+fi
 "$python" - "$out" <<'EOF'
 import json
 import sys

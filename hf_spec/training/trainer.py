@@ -79,11 +79,9 @@ class HeadTrainConfig:
     heldout: conversations held out for the evaluation. init_from_last_layer: warm-start the head's layer from
     the target's last layer.
     precision: "bf16" (autocast matmuls; master weights, softmax and losses stay fp32), "fp32", or "auto" (bf16
-    where the hardware multiplies bf16 natively: CUDA, or a CPU with AMX / AVX512-BF16). Measured on the 2-core
-    Xeon (AMX): SmolLM2-135M EAGLE step 650 -> 2,000 tokens/s, Qwen2.5-0.5B (32K draft vocabulary) ~650 tokens/s.
-    Defaults measured on SmolLM2-135M (150 conversations, 3 epochs, held-out top-1): EAGLE's own weighting (feature
-    1.0, CE 0.1, lr 3e-4) with the layer warm-started reached 0.05; CE 1.0 / feature 0.1 at lr 1e-3 from a fresh
-    layer reached 0.16 - with little data the distribution term has to lead.
+    where the hardware multiplies bf16 natively: CUDA, or a CPU with AMX / AVX512-BF16).
+    The defaults weight the distribution term above the feature regression (CE 1.0, feature 0.1, lr 1e-3, a fresh
+    layer): with little training data the distribution term has to lead.
     """
 
     align_steps: int = 1
