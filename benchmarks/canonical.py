@@ -128,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
     if hf_spec([*bench, "--out", str(tmp)]) != 0:
         return 1
     results = json.loads((tmp / "results.json").read_text())
+    results["command"] = repo_relative(results["command"])
     cls = args.machine_class or machine_class(results["machine"])
     results["canonical"] = {
         "command": "python benchmarks/canonical.py " + " ".join(sys.argv[1:]),
@@ -140,6 +141,11 @@ def run(args: argparse.Namespace) -> int:
     tmp.rename(final)
     print(f"wrote {final}")
     return 0 if args.no_report else report(argparse.Namespace(primary=cls, check=False, results_root=root))
+
+
+def repo_relative(command: str) -> str:
+    """`command` with this checkout's absolute paths written relative to its root, as a user would type them."""
+    return command.replace(f"{REPO.parent}/", "../").replace(f"{REPO}/", "")
 
 
 # ---------------------------------------------------------------------------------------------------- report

@@ -12,6 +12,12 @@ A method's config is a `@dataclass` subclass of `MethodConfig`. Its annotations 
 
 Saved configs carry `config_version`. A file without it is version 1 and loads as it always did: options removed
 since then are accepted at the value that behaves as today's code does, and refused by name at any other value.
+
+Paths in a config file (a head or exit-heads folder, a Q-table, a datastore and its sources, the config file of a
+wrapped drafter in a method spec such as `"eagle:hass.json"`) are read relative to the folder of the config file,
+not the current directory: a config loads the same from anywhere. `resolved()` returns the config with those paths
+made absolute; the decoder builds its drafters from it. A relative path that exists only from the current
+directory (how configs were read before) is still found, with a warning.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import copy
 import dataclasses
 import functools
 import json
+import logging
 import numbers
 import os
 import types
@@ -27,6 +34,8 @@ import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
+
+logger = logging.getLogger(__name__)
 
 CONFIG_NAME = "hf_spec_config.json"
 CONFIG_VERSION = 2  # 2: `None` for off (was `""`), typed nested configs, options removed (`removed_fields`)
@@ -104,10 +113,15 @@ def _choices_text(choices: tuple[Any, ...], optional: bool) -> str:
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
 
 
+def config_file(path: str | os.PathLike) -> Path:
+    """The file a saved config is read from: `path` itself, or `hf_spec_config.json` in the folder `path`."""
+    path = Path(path)
+    return path / CONFIG_NAME if path.is_dir() else path
+
+
 def read_config(path: str | os.PathLike) -> dict[str, Any]:
     """The JSON object of a saved config: a folder holding `hf_spec_config.json`, or a `.json` file."""
-    path = Path(path)
-    file = path / CONFIG_NAME if path.is_dir() else path
+    file = config_file(path)
     try:
         data = json.loads(file.read_text())
     except FileNotFoundError:
@@ -143,6 +157,16 @@ class MethodConfig:
     method: ClassVar[str] = ""
     main_arg: ClassVar[str | None] = None
     removed_fields: ClassVar[dict[str, Any]] = {}
+    # per instance: the file the config was loaded from (its relative paths are read from that file's folder)
+    source: ClassVar[Path | None] = None
+
+    def __getattr__(self, name: str) -> Any:  # only for attributes a config lacks
+        if name in ("config", "get_text_config"):  # what transformers reads of an assistant model
+            raise AttributeError(
+                f"an hf-spec {type(self).__name__} was passed where transformers expects a model (assistant_model=): "
+                "call hf_spec.enable_assistant(model) first, or pass custom_generate=SpeculativeDecoder(...)"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __post_init__(self) -> None:
         """Normalise (`""` -> `None` where `None` is allowed, nested dicts -> configs) and check every field against
@@ -203,10 +227,22 @@ class MethodConfig:
         return out
 
     def save_pretrained(self, save_directory: str | os.PathLike) -> Path:
+        """Write `hf_spec_config.json` into `save_directory`; paths this config read relative to another folder are
+        written absolute, so the saved file names the same files."""
         path = Path(save_directory)
         path.mkdir(parents=True, exist_ok=True)
-        (path / CONFIG_NAME).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        keep = self.source is not None and self.source.parent.resolve() == path.resolve()
+        config = self if keep else self.resolved(parse_specs=False)
+        (path / CONFIG_NAME).write_text(json.dumps(config.to_dict(), indent=2) + "\n")
         return path
+
+    def resolved(self, parse_specs: bool = True) -> MethodConfig:
+        """A copy whose relative paths (see the module docstring) are absolute, read from the folder of the file
+        this config (or a nested one) was loaded from. `parse_specs`: a wrapped drafter given as a method spec
+        becomes its (resolved) config; else the spec stays a string, its path made absolute."""
+        from hf_spec.config_paths import resolve_fields
+
+        return resolve_fields(self, self.source, parse_specs)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, version: int | None = None) -> MethodConfig:
@@ -247,8 +283,18 @@ class MethodConfig:
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> MethodConfig:
-        """Load from a folder holding `hf_spec_config.json` or from a `.json` file."""
-        return cls.from_dict(read_config(path))
+        """Load from a folder holding `hf_spec_config.json` or from a `.json` file (relative paths in it are read
+        from its folder)."""
+        return cls.from_dict(read_config(path)).with_source(config_file(path))
+
+    def with_source(self, file: str | os.PathLike | None) -> MethodConfig:
+        """Mark this config (and its nested configs) as read from `file`; returns it."""
+        self.source = None if file is None else Path(file).absolute()
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, MethodConfig) and value.source is None:
+                value.with_source(file)
+        return self
 
     @classmethod
     def from_cli_arg(cls, arg: str | None) -> MethodConfig:

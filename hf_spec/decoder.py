@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 import weakref
+from collections.abc import Iterator
 from typing import Literal
 
 import torch
@@ -22,6 +25,10 @@ from hf_spec.outputs import SpecDecodeOutput, SpecStats, combine_stats
 from hf_spec.registry import get_method, parse_method
 
 logger = logging.get_logger(__name__)
+
+# building drafters loads weights (transformers' `from_pretrained` initialises on the meta device, which is not
+# safe in two threads at once), fills shared caches (loaded datastores) and measures kernels: one build at a time
+BUILD_LOCK = threading.RLock()
 
 
 class SpeculativeDecoder:
@@ -46,6 +53,12 @@ class SpeculativeDecoder:
             (default): batched where the drafter allows, and there round by round a tree or a plain step,
             whichever commits more tokens per second as measured (`hf_spec.draft_switch`), else rows;
             `"plain"`: transformers' own decoding, no speculation, inside the target's kernel backend (`last_stats` None).
+
+    Threads: one decoder may serve concurrent `generate` calls on one model (a server keeping one decoder per
+    model). Every call decodes with a drafter of its own: the first one built for the model (`drafter_for`) when it
+    is free, else a copy of it (`Drafter.for_another_row`) that shares the loaded, read-only parts (heads, exit
+    heads, datastores, a draft model) and keeps its per-generation state to itself. Free drafters are reused by
+    later calls. `last_stats` is per thread.
     """
 
     def __init__(
@@ -57,31 +70,67 @@ class SpeculativeDecoder:
     ):
         if batches not in ("auto", "batched", "rows", "plain"):
             raise ValueError(f"batches must be 'auto', 'batched', 'rows' or 'plain', got {batches!r}")
+        if method is None or not isinstance(method, (str, MethodConfig, Drafter)):
+            raise TypeError(
+                "SpeculativeDecoder takes a method spec (e.g. 'pld' or 'early-exit:6'), a MethodConfig or a Drafter, "
+                f"got {type(method).__name__}: {method!r:.60}"
+            )
         self.batches = batches
         self._drafter = method if isinstance(method, Drafter) else None
         self.config = method.config if isinstance(method, Drafter) else parse_method(method)
         self.tokenizer = tokenizer
         self.seed = seed
-        self._drafters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._row_pools: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self.last_stats: SpecStats | None = None  # counters of the latest call
+        self._lock = threading.Lock()  # guards the two pools below
+        self._drafters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> first drafter
+        self._free: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> drafters not lent now
+        self._stats = threading.local()  # `last_stats` of each thread
+        self._latest_stats: SpecStats | None = None  # of the latest call of any thread
+
+    @property
+    def last_stats(self) -> SpecStats | None:
+        """Counters of the latest call made from this thread (from any thread if this one made none); None after a
+        call decoded with `batches="plain"`."""
+        return getattr(self._stats, "value", self._latest_stats)
+
+    @last_stats.setter
+    def last_stats(self, stats: SpecStats | None) -> None:
+        self._stats.value = self._latest_stats = stats
 
     def drafter_for(self, model: PreTrainedModel) -> Drafter:
+        """The first drafter of this recipe for `model` (built at the first call): the one a call decodes with when
+        no other call is using it, e.g. every call of a single thread."""
         if self._drafter is not None:
             if self._drafter.model is not model:
                 raise ValueError("this SpeculativeDecoder's drafter was built for another target model")
             return self._drafter
-        if model not in self._drafters:
-            entry = get_method(self.config.method)
-            self._drafters[model] = entry.drafter_cls(self.config, model, self.tokenizer)
-        return self._drafters[model]
+        drafter = self._drafters.get(model)
+        if drafter is None:
+            with BUILD_LOCK:
+                drafter = self._drafters.get(model)
+                if drafter is None:  # not built by another thread while this one waited
+                    entry = get_method(self.config.method)
+                    config = self.config.resolved()  # relative paths read from the config file's folder
+                    drafter = self._drafters[model] = entry.drafter_cls(config, model, self.tokenizer)
+        return drafter
 
-    def row_drafters(self, model: PreTrainedModel, rows: int) -> list[Drafter]:
-        """`rows` drafters of this recipe for `model`, each with per-generation state of its own."""
-        pool = self._row_pools.setdefault(model, [self.drafter_for(model)])
-        while len(pool) < rows:
-            pool.append(pool[0].for_another_row())
-        return pool[:rows]
+    @contextlib.contextmanager
+    def lend(self, model: PreTrainedModel, rows: int = 1) -> Iterator[list[Drafter]]:
+        """`rows` drafters of this recipe for `model` that no other call uses until the block ends: free ones
+        (`drafter_for(model)` first), then new copies of it sharing its loaded parts."""
+        first = self.drafter_for(model)
+        with self._lock:
+            free = self._free.setdefault(model, [first])
+            taken, free[:rows] = free[:rows], []
+        try:
+            if len(taken) < rows:
+                with BUILD_LOCK:
+                    taken += [first.for_another_row() for _ in range(rows - len(taken))]
+            yield taken
+        finally:
+            with self._lock:
+                free = self._free.setdefault(model, [])
+                free.extend(taken)
+                free.sort(key=lambda d: d is not first)  # the first drafter is lent first
 
     def __call__(
         self,
@@ -115,27 +164,31 @@ class SpeculativeDecoder:
         generator = None
         if self.seed is not None:
             generator = torch.Generator(device=input_ids.device).manual_seed(self.seed)
-        decode = functools.partial(speculative_generate, drafter=self.drafter_for(model), generator=generator)
         mask = model_kwargs.get("attention_mask")
         if input_ids.shape[0] > 1 or (mask is not None and not bool(mask.all())):  # a batch, or padding
             return self._decode_batch(
-                model, input_ids, logits_processor, stopping_criteria, generation_config, decode, generator,
-                streamer, **model_kwargs,
+                model, input_ids, logits_processor, stopping_criteria, generation_config, generator, streamer,
+                **model_kwargs,
             )  # fmt: skip
-        self.last_stats = SpecStats()
-        return decode(
-            model,
-            input_ids,
-            logits_processor,
-            stopping_criteria,
-            generation_config,
-            streamer=streamer,
-            stats=self.last_stats,
-            **model_kwargs,
-        )
+        stats = SpecStats()
+        with self.lend(model) as (drafter,):
+            out = speculative_generate(
+                model,
+                input_ids,
+                logits_processor,
+                stopping_criteria,
+                generation_config,
+                drafter=drafter,
+                streamer=streamer,
+                generator=generator,
+                stats=stats,
+                **model_kwargs,
+            )
+        self.last_stats = stats
+        return out
 
     def _decode_batch(
-        self, model, input_ids, logits_processor, stopping_criteria, generation_config, decode, generator, streamer,
+        self, model, input_ids, logits_processor, stopping_criteria, generation_config, generator, streamer,
         **model_kwargs,
     ):  # fmt: skip
         """A batch, `num_return_sequences` copies or a padded prompt, as `self.batches` says."""
@@ -146,6 +199,12 @@ class SpeculativeDecoder:
                     model, input_ids, logits_processor, stopping_criteria, generation_config, streamer=streamer,
                     **model_kwargs,
                 )  # fmt: skip
+        if target_profile(model).int8_rows:  # rows that share LLM.int8 outlier columns (verify/int8_rows.py)
+            raise ValueError(
+                "this target's bitsandbytes LLM.int8 layers pick outlier columns over all rows of a forward, so "
+                "generate's output for a batch or a padded prompt depends on its other rows, which speculation "
+                "cannot reproduce: use SpeculativeDecoder(..., batches='plain'), or one unpadded prompt per call"
+            )
         one_row = {k: v for k, v in model_kwargs.items() if k != "attention_mask"}
         check_supported(model, input_ids[:1], row_config(generation_config, 0), one_row)  # settings, once
         drafter = self.drafter_for(model)
@@ -156,11 +215,11 @@ class SpeculativeDecoder:
                 "it shares the target's cache or forward; use batches='rows'"
             )
         if batched:
-            out, row_stats = batched_generate(
-                model, input_ids, logits_processor, stopping_criteria, generation_config,
-                self.row_drafters(model, input_ids.shape[0]), generator, streamer=streamer,
-                switch=DraftSwitch() if self.batches == "auto" else None, **model_kwargs,
-            )  # fmt: skip
+            with self.lend(model, input_ids.shape[0]) as drafters:
+                out, row_stats = batched_generate(
+                    model, input_ids, logits_processor, stopping_criteria, generation_config, drafters, generator,
+                    streamer=streamer, switch=DraftSwitch() if self.batches == "auto" else None, **model_kwargs,
+                )  # fmt: skip
         else:
             if input_ids.shape[0] > 1:
                 why = (
@@ -172,10 +231,12 @@ class SpeculativeDecoder:
                     f"hf-spec decodes this batch one row at a time ({why}); with small models or larger batches "
                     "plain batched decoding can be faster (SpeculativeDecoder(..., batches='plain'))"
                 )
-            out, row_stats = generate_rows(
-                model, input_ids, logits_processor, stopping_criteria, generation_config, decode, streamer,
-                **model_kwargs,
-            )  # fmt: skip
+            with self.lend(model) as (drafter,):  # the rows one after another, with one drafter
+                decode = functools.partial(speculative_generate, drafter=drafter, generator=generator)
+                out, row_stats = generate_rows(
+                    model, input_ids, logits_processor, stopping_criteria, generation_config, decode, streamer,
+                    **model_kwargs,
+                )  # fmt: skip
         self.last_stats = combine_stats(row_stats)
         return out
 

@@ -73,8 +73,10 @@ ENVIRONMENT_VARIABLES: dict[str, EnvVar] = {
     "HF_SPEC_BACKEND": EnvVar(
         _backend_name,
         "auto",
-        "Kernel backend of every forward: `cpu` (hf-spec's CPU kernels), `torch` (stock torch); auto: `cpu` for "
-        "a model on the CPU, `torch` elsewhere.",
+        "Kernel backend of every forward: `cpu` (hf-spec's CPU kernels), `triton` (stock torch forwards, the "
+        "round's acceptance, cache compaction, tree masks and draft top-k in Triton kernels; on CPU tensors only "
+        "with `TRITON_INTERPRET=1`), `torch` (stock torch); auto: `cpu` for a model on the CPU, `triton` on CUDA "
+        "where triton is installed, `torch` elsewhere.",
     ),
     "HF_SPEC_CACHE": EnvVar(
         _cache_root,

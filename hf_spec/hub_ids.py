@@ -18,7 +18,7 @@ from collections.abc import Sequence
 _HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[\w./-]+))?")
 
 # the files a draft head needs; a repo's weights are fetched in one format only (see `resolve_head_folder`)
-HEAD_CONFIG_FILES = ("config.json", "hf_spec_config.json", "README.md")
+HEAD_CONFIG_FILES = ("config.json", "hf_spec_config.json", "hf_spec.json", "README.md")
 SAFETENSORS_FILES = ("*.safetensors", "*.safetensors.index.json")
 PICKLE_FILES = ("pytorch_model*.bin", "pytorch_model.bin.index.json")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Literal
 
@@ -18,9 +19,11 @@ from transformers.generation.candidate_generator import CandidateGenerator
 from hf_spec.compat import generate_frame_local, passed_cache
 from hf_spec.config import MethodConfig
 from hf_spec.decoder import SpeculativeDecoder
+from hf_spec.engine.hidden import select_hidden_states
 from hf_spec.engine.round import propose_within_room
-from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER
+from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER, REQUIREMENTS
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
+from hf_spec.output_folder import check_output_folder
 from hf_spec.tree import DraftTree
 
 AssistantLike = SpeculativeDecoder | Drafter | MethodConfig
@@ -63,14 +66,18 @@ class HfSpecCandidateGenerator(CandidateGenerator):
         if self.wants_hidden and kwargs.get("is_first_iteration", self.state is None):
             return input_ids, None  # let the target prefill the prompt: its hidden states come back next call
         if self.state is None:
-            hidden = outputs.hidden_states[-1] if self.wants_hidden else None
+            layers = self.drafter.hidden_state_layers
+            hidden = select_hidden_states(outputs.hidden_states, layers) if self.wants_hidden else None
             self.state = SpecState(
                 self.model, cache, input_ids, self.generation_config, hidden, uses_verify_forward=False
             )
             self.drafter.begin(self.state)
         elif self.last_round is not None:
             num_matches, new_tokens = self.last_round
-            hidden = outputs.hidden_states[-1][:, : num_matches + 1] if self.wants_hidden else None
+            hidden = None
+            if self.wants_hidden:
+                layers = self.drafter.hidden_state_layers
+                hidden = select_hidden_states(outputs.hidden_states, layers)[:, : num_matches + 1]
             self.state.hidden_states = hidden
             self.drafter.observe(
                 self.state, RoundResult(self.chain, list(range(num_matches)), new_tokens, hidden)
@@ -114,6 +121,7 @@ class AssistantHandle:
 
     def disable(self) -> None:
         self.model.__dict__.pop("generate", None)
+        self.model.__dict__.pop("_get_candidate_generator", None)
 
     def __enter__(self) -> AssistantHandle:
         return self
@@ -138,6 +146,14 @@ def enable_assistant(
     if "generate" in model.__dict__:
         raise RuntimeError("hf-spec assistant support is already enabled on this model")
     original = type(model).generate
+    drafting = threading.local()  # the drafter of this thread's call (calls on other threads have their own)
+
+    def candidate_generator(*args, **kwargs):
+        drafter = getattr(drafting, "drafter", None)
+        if drafter is None:  # not a call of ours: transformers' own choice
+            return type(model)._get_candidate_generator(model, *args, **kwargs)
+        generation_config = kwargs["generation_config"] if "generation_config" in kwargs else args[0]
+        return HfSpecCandidateGenerator(drafter, model, generation_config)
 
     def generate(*args, assistant_model=None, **kwargs):
         if not isinstance(assistant_model, AssistantLike):
@@ -145,18 +161,15 @@ def enable_assistant(
         decoder = _as_decoder(assistant_model)
         if loop == "hf-spec":
             return original(model, *args, custom_generate=decoder, **kwargs)
-        drafter = decoder.drafter_for(model)
-
-        def candidate_generator(generation_config, **_):
-            return HfSpecCandidateGenerator(drafter, model, generation_config)
-
-        model._get_candidate_generator = candidate_generator
-        try:  # the target stands in as "assistant" for transformers' checks; our generator does the drafting
-            return original(model, *args, assistant_model=model, **kwargs)
-        finally:
-            del model._get_candidate_generator
+        with decoder.lend(model) as (drafting.drafter,):
+            try:  # the target stands in as "assistant" for transformers' checks; our generator does the drafting
+                return original(model, *args, assistant_model=model, **kwargs)
+            finally:
+                drafting.drafter = None
 
     model.generate = generate
+    if loop == "transformers":
+        model._get_candidate_generator = candidate_generator
     return AssistantHandle(model, loop)
 
 
@@ -173,18 +186,33 @@ def generate(model, **kwargs):
 '''
 
 
-def save_custom_generate(folder: str | Path, method: str | MethodConfig) -> Path:
-    """Write a Hub-style folder whose `custom_generate/generate.py` runs `method` through hf-spec's loop."""
+def save_custom_generate(folder: str | Path, method: str | MethodConfig, overwrite: bool = False) -> Path:
+    """Write a Hub-style folder whose `custom_generate/generate.py` runs `method` through hf-spec's loop.
+
+    `folder` must be new, empty or an earlier recipe folder; one that holds another artefact (a head, a datastore,
+    a model, other files) is refused unless `overwrite=True`, which replaces only the recipe's files."""
     from hf_spec.registry import parse_method
 
     config = parse_method(method)
     folder = Path(folder)
+    if not overwrite:
+        check_output_folder(
+            folder,
+            _is_recipe_folder,
+            "custom_generate recipe",
+            "choose another folder, or pass overwrite=True",
+        )
     (folder / "custom_generate").mkdir(parents=True, exist_ok=True)
     config.save_pretrained(folder)
-    recipe = json.dumps(config.to_dict())
+    recipe = json.dumps(config.resolved(parse_specs=False).to_dict())
     (folder / "custom_generate" / "generate.py").write_text(_GENERATE_PY.format(recipe=repr(recipe)))
-    (folder / "custom_generate" / "requirements.txt").write_text("hf-spec\n")
+    (folder / "custom_generate" / "requirements.txt").write_text(REQUIREMENTS)
     return folder
+
+
+def _is_recipe_folder(folder: Path) -> bool:
+    """An earlier `save_custom_generate` output: its recipe, `custom_generate/` and nothing else."""
+    return {p.name for p in folder.iterdir()} <= {"hf_spec_config.json", "custom_generate"}
 
 
 def generate_with_recipe(model: PreTrainedModel, recipe: str | dict, **generate_kwargs):
@@ -200,10 +228,13 @@ def generate_with_recipe(model: PreTrainedModel, recipe: str | dict, **generate_
             )
         data["head"] = str(folder)
     key = json.dumps(data, sort_keys=True)
-    if key not in _RECIPE_DECODERS:  # the head is loaded once, not at every call
-        _RECIPE_DECODERS[key] = SpeculativeDecoder(get_method(data["method"]).config_cls.from_dict(data))
+    with _RECIPE_LOCK:  # the head is loaded once, not at every call (nor by two threads at once)
+        if key not in _RECIPE_DECODERS:
+            _RECIPE_DECODERS[key] = SpeculativeDecoder(get_method(data["method"]).config_cls.from_dict(data))
+        decoder = _RECIPE_DECODERS[key]
     generate_kwargs = {k: v for k, v in generate_kwargs.items() if v is not None}
-    return model.generate(custom_generate=_RECIPE_DECODERS[key], **generate_kwargs)
+    return model.generate(custom_generate=decoder, **generate_kwargs)
 
 
 _RECIPE_DECODERS: dict[str, SpeculativeDecoder] = {}
+_RECIPE_LOCK = threading.Lock()

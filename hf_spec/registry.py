@@ -6,7 +6,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from hf_spec.config import MethodConfig, read_config
+from hf_spec.config import MethodConfig, config_file, read_config
 from hf_spec.hub_ids import config_from_hub
 
 
@@ -49,13 +49,23 @@ def parse_method(spec: str | MethodConfig) -> MethodConfig:
     """`"pld"`, `"early-exit:6"`, `"oracle:8"`, `"draft-model:path/to/model"`, `"name:config.json"` -> config."""
     if isinstance(spec, MethodConfig):
         return spec
+    if not isinstance(spec, str):
+        raise TypeError(
+            f"a method spec is a string such as 'pld' or 'early-exit:6', or a MethodConfig; got "
+            f"{type(spec).__name__}: {spec!r:.60}"
+        )
     name, sep, arg = spec.partition(":")
     if sep and name in list_methods():  # `name:ARG`, where ARG may itself be a config path or Hub id
         cls = get_method(name).config_cls
         return config_from_hub(arg, cls) or cls.from_cli_arg(arg or None)
     if spec.endswith(".json") or os.path.isdir(spec):  # a saved config: its "method" key says which
         data = read_config(spec)
-        return get_method(data.get("method", "")).config_cls.from_dict(data)
+        if not isinstance(data.get("method"), str) or not data["method"]:
+            raise ValueError(
+                f"{config_file(spec)} has no 'method' key: an hf-spec config names its method, e.g. "
+                f'"method": "pld" (registered: {", ".join(list_methods())})'
+            )
+        return get_method(data["method"]).config_cls.from_dict(data).with_source(config_file(spec))
     hub = config_from_hub(spec)  # `org/name[@revision]`: a saved config on the Hub
     if hub is not None:
         return hub

@@ -18,3 +18,11 @@ if ! .venv/bin/python -c "import hf_spec, gguf, matplotlib, pytest, hypothesis" 
   .venv/bin/pip install --quiet --disable-pip-version-check -e ".[gguf,bench,dev]"
   touch .venv/.hf_spec_installed
 fi
+# triton for the Triton kernels' tests (run under its interpreter on the CPU); --no-deps keeps the CPU torch
+if ! .venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('triton') is None)"; then
+  .venv/bin/pip install --quiet --disable-pip-version-check --no-deps triton==3.9.0
+fi
+# bitsandbytes and optimum-quanto for the quantized-target tests (the `quant` extra); --no-deps keeps the CPU torch
+if ! .venv/bin/python -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('bitsandbytes') and u.find_spec('optimum.quanto')))" 2>/dev/null; then
+  .venv/bin/pip install --quiet --disable-pip-version-check --no-deps bitsandbytes==0.50.2 optimum-quanto==0.2.7
+fi

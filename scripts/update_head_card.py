@@ -19,33 +19,40 @@ from hf_spec.bench.plots import run_target, short_label
 from hf_spec.heads.card import exit_heads_card, head_card
 
 
-def _same(path: str | None, folder: Path) -> bool:
-    return bool(path) and Path(path).resolve() == folder.resolve()
+def _resolve(path: str, base: Path) -> Path:
+    """A path written in a config read from `base` (its folder), as hf-spec reads it: next to the config first."""
+    return (base / path).resolve() if (base / path).exists() else Path(path).resolve()
 
 
-def _config_names(data: dict, folder: Path) -> bool:
-    """Whether a method config (a dict) uses `folder` as its head or exit heads, or wraps a drafter that does."""
-    if _same(data.get("head"), folder) or _same(data.get("exit_heads"), folder):
+def _same(path: str | None, folder: Path, base: Path) -> bool:
+    return bool(path) and _resolve(path, base) == folder.resolve()
+
+
+def _config_names(data: dict, folder: Path, base: Path) -> bool:
+    """Whether a method config (a dict read from folder `base`) uses `folder` as its head or exit heads, or wraps a
+    drafter that does."""
+    if _same(data.get("head"), folder, base) or _same(data.get("exit_heads"), folder, base):
         return True
     inner = data.get("drafter")
     if isinstance(inner, dict):
-        return _config_names(inner, folder)
+        return _config_names(inner, folder, base)
     if isinstance(inner, str):
-        return names_folder(inner, folder)
+        return names_folder(inner, folder, base)
     return False
 
 
-def names_folder(method: str, folder: Path) -> bool:
-    """Whether a bench method spec measures `folder` (see the module docstring)."""
+def names_folder(method: str, folder: Path, base: Path = Path(".")) -> bool:
+    """Whether a bench method spec measures `folder` (see the module docstring); relative paths in the spec are read
+    from `base` (the folder of the config that holds it; the current directory for a bench command)."""
     _, _, arg = method.partition(":")
     if not arg:
         return False
-    path = Path(arg)
+    path = _resolve(arg, base) if not arg.count(":") else Path(arg)
     if path.is_file() and path.suffix == ".json":
-        return _config_names(json.loads(path.read_text()), folder)
+        return _config_names(json.loads(path.read_text()), folder, path.parent)
     if ":" in arg:  # a wrapped spec: postuse:eagle:<folder>
-        return names_folder(arg, folder)
-    return path.resolve() == folder.resolve()
+        return names_folder(arg, folder, base)
+    return path == folder.resolve()
 
 
 def measured_rows(folder: Path, results_files: list[str]) -> list[dict]:

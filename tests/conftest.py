@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config
+
+if not torch.cuda.is_available():
+    # the Triton kernels' tests run them on CPU tensors under Triton's interpreter, chosen when triton is first
+    # imported, and transformers may import it (through torchao) below
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config  # noqa: E402
 
 from hf_spec.verify.cache import GENERATE_CACHE_KEY, OUTPUT_CACHE_FIELD
 

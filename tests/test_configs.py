@@ -17,6 +17,7 @@ import pytest
 
 import hf_spec.config
 from hf_spec.config import CONFIG_VERSION, MethodConfig, config_schema
+from hf_spec.config_paths import resolve_spec
 from hf_spec.kernels.weight_only import SCHEMES
 from hf_spec.methods.early_exit.config import EarlyExitConfig
 from hf_spec.methods.lyanna.config import LyannaConfig
@@ -80,14 +81,15 @@ def test_there_are_committed_configs_to_check():
 
 @pytest.mark.parametrize("path", _method_config_files(), ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_committed_config_loads_as_written(path, monkeypatch):
-    monkeypatch.chdir(REPO)  # configs name other configs and heads relative to the repository
+    monkeypatch.chdir(REPO)
     data = json.loads(path.read_text())
     config = parse_method(str(path))
     assert config.method == data["method"]
     _assert_loads_as_written(data, config)
-    for nested in ("drafter",):  # method specs of wrapped drafters resolve too
+    for nested in ("drafter",):  # method specs of wrapped drafters resolve too (from the config's folder)
         spec = getattr(config, nested, None)
         if isinstance(spec, str):
+            spec = resolve_spec(spec, config.source, nested)
             assert parse_method(spec).method != config.method
     again = get_method(config.method).config_cls.from_dict(json.loads(json.dumps(config.to_dict())))
     assert again == config

@@ -34,6 +34,7 @@ METHOD_SPECS = [
     "oracle:6",
     "draft-model",
     "eagle",
+    "eagle3",
     "lyanna",
     "retrieval",
     "talon",
@@ -54,6 +55,14 @@ def decoder_for(spec: str, model) -> SpeculativeDecoder:
         head.init_layer_from(model)
         return SpeculativeDecoder(
             EagleDrafter(EagleConfig(depth=3, topk=3, total_tokens=8), model, head=head)
+        )
+    if spec == "eagle3":  # an untrained EAGLE-3 head reading the states entering layers 1, 2 and 3
+        from hf_spec.methods.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head, Eagle3HeadConfig
+
+        torch.manual_seed(0)
+        head = Eagle3Head(Eagle3HeadConfig.for_target(model, 64, hidden_state_indices=(1, 2, 3)))
+        return SpeculativeDecoder(
+            Eagle3Drafter(Eagle3Config(depth=3, topk=3, total_tokens=8), model, head=head)
         )
     if spec == "lyanna":  # an untrained head, re-sampling fused
         torch.manual_seed(0)
@@ -236,7 +245,7 @@ def _check_files(data: dict, where: str) -> None:
 def test_committed_bench_configs_parse(name, monkeypatch):
     """Every config behind a figure is a valid method config, and the files it names (heads, exit heads,
     Q-tables, a wrapped drafter's config) exist."""
-    monkeypatch.chdir(CONFIGS_DIR.parents[1])  # paths in the configs are relative to the repository root
+    monkeypatch.chdir(CONFIGS_DIR)  # paths in the configs are relative to their folder
     data = json.loads((CONFIGS_DIR / name).read_text())
     assert parse_method(str(CONFIGS_DIR / name)).method == data["method"]
     _check_files(data, name)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 
 import torch
 
@@ -23,6 +24,7 @@ from hf_spec.bench.lossless import (
 from hf_spec.bench.machine import machine_info
 from hf_spec.bench.prompts import MT_BENCH, Prompt, encode_chat, load_prompts, spec_bench_group
 from hf_spec.bench.report import acceptance_by_depth, markdown_table, plot_speedups, summarize, write_outputs
+from hf_spec.bench.rounds import RoundRecorder
 from hf_spec.decoder import SpeculativeDecoder
 from hf_spec.kernels.grouped_attention import grouped_attention
 from hf_spec.kernels.skinny_linear import fast_linears
@@ -49,6 +51,17 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def hf_early_exit_layer(name: str) -> int:
+    """The exit layer K of the method name `hf-early-exit[:K]` (default 6)."""
+    stem, _, k = name.partition(":")
+    if stem != "hf-early-exit" or (k and not (k.isdigit() and int(k) > 0)):
+        raise ValueError(
+            f"--methods {name}: transformers' early exit is written hf-early-exit:K with K a layer count >= 1 "
+            "(e.g. hf-early-exit:6)"
+        )
+    return int(k or 6)
+
+
 class Method:
     """One benchmarked method: `generate(input_ids, reference)` -> (sequence, stats)."""
 
@@ -64,8 +77,7 @@ class Method:
         elif name == "hf-pld":
             self.kwargs["prompt_lookup_num_tokens"] = 10
         elif name.startswith("hf-early-exit"):
-            _, _, k = name.partition(":")
-            self.kwargs["assistant_early_exit"] = int(k or 6)
+            self.kwargs["assistant_early_exit"] = hf_early_exit_layer(name)
         else:
             self.decoder = SpeculativeDecoder(name, tokenizer=tokenizer)
             self.kwargs["custom_generate"] = self.decoder
@@ -107,8 +119,10 @@ def run_bench(
     turns: str = "first",
     check_lossless: bool = False,
     progress: Callable | None = None,
+    recorder: RoundRecorder | None = None,
 ) -> dict:
-    """Run every method on every prompt, interleaved, after one warm-up call each."""
+    """Run every method on every prompt, interleaved, after one warm-up call each; `recorder` records the rounds
+    of every hf-spec method (not the warm-up calls)."""
     if len(set(method_names)) != len(method_names):
         raise ValueError("a method is listed twice")
     methods = [Method(n, model, tokenizer, max_new_tokens) for n in method_names]
@@ -132,7 +146,9 @@ def run_bench(
                     input_ids = encode_chat(tokenizer, messages).to(model.device)
                     if m.needs_reference and reference is None:
                         reference = model.generate(input_ids, do_sample=False, max_new_tokens=max_new_tokens)
-                    out, row = m.generate(input_ids, reference, counter)
+                    record = recorder is not None and m.decoder is not None
+                    with recorder.method(m.name, m.decoder) if record else nullcontext():
+                        out, row = m.generate(input_ids, reference, counter)
                     new_ids = out[0, input_ids.shape[1] :].tolist()
                     if m.name == "ar":
                         reference, ar_tokens = out, new_ids

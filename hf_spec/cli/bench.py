@@ -33,6 +33,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: all cores)")
     add_dtype_argument(p)
     add_device_argument(p)
+    p.add_argument(
+        "--record-rounds",
+        default=None,
+        metavar="FILE",
+        help="also write every round's tree shape, accepted path and draft work per method to FILE (JSON), for "
+        "benchmarks/gpu_check.py to replay at GPU costs",
+    )
     p.add_argument("--out", required=True, help="output folder for results.json/.md and speedup.png")
     p.set_defaults(func=run)
     return p
@@ -41,20 +48,37 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
-    from hf_spec.bench.runner import load_prompts, markdown_table, run_bench, write_outputs
+    from hf_spec.bench.runner import (
+        hf_early_exit_layer,
+        load_prompts,
+        markdown_table,
+        run_bench,
+        write_outputs,
+    )
+    from hf_spec.output_folder import check_output_folder
 
+    # before any work: a run is not lost at the end to an --out that cannot be written
+    check_output_folder(args.out, _holds_bench_results, "bench results folder")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not methods:
         raise ValueError("--methods names no method (e.g. --methods ar,pld)")
     if args.check_lossless and "ar" not in methods:
         print("--check-lossless needs `ar` among the methods", file=sys.stderr)
         return 2
+    for name in methods:  # a bad method name fails before the model loads
+        if name.startswith("hf-early-exit"):
+            hf_early_exit_layer(name)
     if "ar" in methods:  # ar runs first on every prompt: it is the reference
         methods.remove("ar")
         methods.insert(0, "ar")
     set_threads(args.threads)
     prompts = load_prompts(args.prompts, args.limit, args.per_category)
     model, tokenizer = load_target(args)
+    recorder = None
+    if args.record_rounds:
+        from hf_spec.bench.rounds import RoundRecorder
+
+        recorder = RoundRecorder(model)
     results = run_bench(
         model,
         tokenizer,
@@ -64,12 +88,21 @@ def run(args: argparse.Namespace) -> int:
         turns=args.turns,
         check_lossless=args.check_lossless,
         progress=lambda total: tqdm(total=total, desc="bench", unit="run"),
+        recorder=recorder,
     )
+    if recorder is not None:
+        recorder.write(args.record_rounds)
+        print(f"wrote the rounds of every method to {args.record_rounds}")
     results["command"] = "hf-spec bench " + " ".join(shlex.quote(a) for a in _argv_of(args))
     write_outputs(results, args.out)
     print(markdown_table(results))
     print(f"wrote {args.out}/results.json, results.md, speedup.png")
     return 0
+
+
+def _holds_bench_results(folder) -> bool:
+    """An earlier `hf-spec bench` output folder (its results may be replaced)."""
+    return (folder / "results.json").is_file()
 
 
 def _argv_of(args: argparse.Namespace) -> list[str]:
@@ -87,4 +120,6 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
         out += ["--threads", str(args.threads)]
     if args.dtype != "float32":
         out += ["--dtype", args.dtype]
+    if args.record_rounds:
+        out += ["--record-rounds", args.record_rounds]
     return out + ["--out", args.out]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 
 import torch
@@ -27,17 +29,75 @@ def add_dtype_argument(parser, default: str = "float32") -> None:
 
 
 def add_device_argument(parser) -> None:
+    """`--device`, and how the target is loaded: quantized (`--load-in-8bit`, `--load-in-4bit`) or placed by
+    accelerate (`--device-map`, `--max-memory`, `--offload-folder`), spelled as in `from_pretrained`."""
     parser.add_argument(
         "--device",
         default="auto",
         help="where the target runs: auto (cuda when torch sees a GPU, else cpu), cpu, cuda, cuda:1, ...",
     )
+    group = parser.add_argument_group("target loading (as transformers' from_pretrained; docs/targets.md)")
+    bits = group.add_mutually_exclusive_group()
+    bits.add_argument(
+        "--load-in-8bit", action="store_true", help="quantize the target with bitsandbytes LLM.int8"
+    )
+    bits.add_argument("--load-in-4bit", action="store_true", help="quantize the target with bitsandbytes NF4")
+    group.add_argument(
+        "--device-map",
+        type=_device_map,
+        help="let accelerate place the target's layers: auto, balanced, sequential, or a JSON map such as "
+        '\'{"model.embed_tokens": "cpu", "model.layers": "disk", "model.norm": "cpu", "lm_head": "cpu"}\'',
+    )
+    group.add_argument(
+        "--max-memory",
+        type=_json_object,
+        help='with --device-map: JSON such as \'{"0": "10GiB", "cpu": "30GiB"}\'',
+    )
+    group.add_argument("--offload-folder", help="with --device-map: where layers mapped to 'disk' are kept")
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not JSON ({err.msg}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    # accelerate names GPUs by integer index: "0" -> 0
+    return {int(k) if isinstance(k, str) and k.isdigit() else k: v for k, v in value.items()}
+
+
+def _device_map(text: str) -> str | dict:
+    if text in ("auto", "balanced", "balanced_low_0", "sequential"):
+        return text
+    if not text.lstrip().startswith("{"):
+        raise argparse.ArgumentTypeError(
+            f"--device-map takes auto, balanced, balanced_low_0, sequential or a JSON object, got {text!r}"
+        )
+    return _json_object(text)
+
+
+def loading_kwargs(args) -> dict:
+    """The `load_model` keywords of `add_device_argument`'s loading options (none set: `{}`)."""
+    kwargs = {
+        "load_in_8bit": getattr(args, "load_in_8bit", False),
+        "load_in_4bit": getattr(args, "load_in_4bit", False),
+        "device_map": getattr(args, "device_map", None),
+        "max_memory": getattr(args, "max_memory", None),
+        "offload_folder": getattr(args, "offload_folder", None),
+    }
+    if kwargs["device_map"] is not None and getattr(args, "device", "auto") != "auto":
+        raise ValueError(f"give --device or --device-map, not both (--device {args.device})")
+    return {key: value for key, value in kwargs.items() if value not in (None, False)}
 
 
 def resolve_device(name: str) -> torch.device:
-    """`auto`: the first CUDA device when torch sees one, else the CPU; otherwise the named device, checked."""
+    """`auto`: the CUDA device of this process when torch sees one (`LOCAL_RANK` under `accelerate launch`),
+    else the CPU; otherwise the named device, checked."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if torch.cuda.is_available():
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        return torch.device("cpu")
     try:
         device = torch.device(name)
     except RuntimeError as err:
@@ -50,12 +110,13 @@ def resolve_device(name: str) -> torch.device:
 
 
 def load_target(args):
-    """`(model, tokenizer)` of `--target` on `--device`, in `--dtype` (float32 for commands without one)."""
+    """`(model, tokenizer)` of `--target` on `--device` (or placed by `--device-map`), in `--dtype` (float32 for
+    commands without one), quantized as `--load-in-8bit` / `--load-in-4bit` say."""
     from hf_spec.models import load_model
 
     device = resolve_device(args.device)
     dtype = resolve_dtype(getattr(args, "dtype", "float32"), device)
-    return load_model(args.target, dtype=dtype, device=device)
+    return load_model(args.target, dtype=dtype, device=device, **loading_kwargs(args))
 
 
 def resolve_dtype(name: str, device: torch.device | str = "cpu") -> torch.dtype:

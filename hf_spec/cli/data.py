@@ -1,4 +1,7 @@
-"""`hf-spec data responses|features`: the training-data pipeline's steps, each cached and resumable."""
+"""`hf-spec data responses|features`: the training-data pipeline's steps, each cached and resumable.
+
+`features` captures either the target's answers to training prompts (`--prompts`) or a fixed-text corpus
+(`--corpus`, prefill only: no generation)."""
 
 from __future__ import annotations
 
@@ -8,18 +11,19 @@ from hf_spec.cli.argtypes import nonnegative_int, positive_float, positive_int
 from hf_spec.cli.common import (
     add_device_argument,
     add_dtype_argument,
+    loading_kwargs,
     resolve_device,
     resolve_dtype,
     set_threads,
 )
 
 
-def add_data_args(parser: argparse.ArgumentParser) -> None:
+def add_data_args(parser: argparse.ArgumentParser, prompts_required: bool = True) -> None:
     parser.add_argument("--target", required=True, help="target model: known name or local folder")
     parser.add_argument(
         "--prompts",
         action="append",
-        required=True,
+        required=prompts_required,
         help="training prompt file (ShareGPT .json or Alpaca-style .jsonl; never evaluation prompts); repeatable",
     )
     parser.add_argument(
@@ -61,11 +65,43 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     responses.set_defaults(func=run_responses)
     features = steps.add_parser("features", help="capture the target's features and top-K probabilities")
-    add_data_args(features)
+    add_data_args(features, prompts_required=False)
     features.add_argument(
         "--topk", type=positive_int, default=16, help="target probabilities kept per position"
     )
+    add_corpus_args(features)
     features.set_defaults(func=run_features)
+
+
+def add_corpus_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("fixed-text corpora (prefill only, instead of --prompts)")
+    group.add_argument(
+        "--corpus",
+        action="append",
+        help="corpus JSONL (scripts/build_corpus.py), chat/ShareGPT/Alpaca file or .txt; repeatable, in order",
+    )
+    group.add_argument(
+        "--features-dir", help="feature store (default: <data dir>/corpus-<first corpus>-<dtype>)"
+    )
+    group.add_argument(
+        "--aux-layers",
+        help="also keep these hidden_states indices (comma-separated; `eagle3`: 2,N/2,N-3) for EAGLE-3 heads",
+    )
+    group.add_argument("--max-len", type=positive_int, default=1024, help="tokens kept per document")
+    group.add_argument("--limit-tokens", type=positive_int, help="capture only the corpus' first N tokens")
+    group.add_argument(
+        "--shard-tokens", type=positive_int, default=65536, help="tokens per shard (checkpoint)"
+    )
+    group.add_argument("--log", help="append a progress line per shard to this file")
+    group.add_argument(
+        "--min-free-gb", type=positive_float, default=10.0, help="stop (resumably) under this much free disk"
+    )
+    group.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        default="float32",
+        help="the target's dtype in the feature forwards (auto: bfloat16 where the hardware multiplies it natively)",
+    )
 
 
 def conversations_from_args(args: argparse.Namespace):
@@ -86,6 +122,7 @@ def conversations_from_args(args: argparse.Namespace):
         generate=not args.cached_only,
         dtype=resolve_dtype(getattr(args, "dtype", "float32"), device),
         device=device,
+        load=loading_kwargs(args),  # --load-in-8bit, --device-map, ...
         continue_cut=getattr(args, "continue_cut", False),
         samples=args.samples,
         temperature=args.temperature,
@@ -110,7 +147,67 @@ def run_responses(args: argparse.Namespace) -> int:
 def run_features(args: argparse.Namespace) -> int:
     from hf_spec.training.features import capture_features
 
+    if args.corpus:
+        return run_corpus_features(args)
+    if not args.prompts:
+        raise ValueError("give --prompts (the target's answers to training prompts) or --corpus (fixed text)")
     model, _, convs = conversations_from_args(args)
     store = capture_features(model, convs, args.data_dir or None, target=args.target, topk=args.topk)
     print(f"features: {store.num_tokens} tokens in {len(store.shards)} shards at {store.folder}")
     return 0
+
+
+def run_corpus_features(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from hf_spec.models.fetch import dtype_name, load_model
+    from hf_spec.training.corpus import load_corpus
+    from hf_spec.training.corpus_features import capture_corpus, eagle3_layers
+    from hf_spec.training.responses import default_data_dir
+
+    if args.prompts:
+        raise ValueError(
+            "give either --prompts or --corpus, not both (their features go to different stores)"
+        )
+    set_threads(args.threads)
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    documents = [doc for path in args.corpus for doc in load_corpus(path)]
+    model, tokenizer = load_model(args.target, dtype=dtype, device=device, **loading_kwargs(args))
+    layers = model.config.num_hidden_layers
+    aux = parse_aux_layers(args.aux_layers, layers, eagle3_layers)
+    folder = (
+        Path(args.features_dir)
+        if args.features_dir
+        else (
+            Path(args.data_dir or default_data_dir(args.target))
+            / f"corpus-{Path(args.corpus[0]).stem}-{dtype_name(dtype)}"
+        )
+    )
+    store = capture_corpus(
+        model,
+        tokenizer,
+        documents,
+        folder,
+        topk=args.topk,
+        aux_layers=aux,
+        max_len=args.max_len,
+        limit_tokens=args.limit_tokens,
+        shard_tokens=args.shard_tokens,
+        log_file=args.log,
+        min_free_gb=args.min_free_gb,
+    )
+    print(f"features: {store.num_tokens} tokens in {len(store.shards)} shards at {store.folder}")
+    return 0
+
+
+def parse_aux_layers(value: str | None, num_layers: int, eagle3_layers) -> tuple[int, ...]:
+    """`--aux-layers`: None -> none; `eagle3` -> EAGLE-3's three; else comma-separated hidden_states indices."""
+    if not value:
+        return ()
+    if value == "eagle3":
+        return eagle3_layers(num_layers)
+    try:
+        return tuple(int(x) for x in value.split(","))
+    except ValueError:
+        raise ValueError(f"--aux-layers: comma-separated layer indices or `eagle3`, got {value!r}") from None

@@ -32,10 +32,13 @@ def moving_average(values, window):
 """
 
 
+DEFAULT_TARGET = "qwen2.5-coder-0.5b-instruct"
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("generate", help="generate with a method and compare with plain generate")
     p.add_argument(
-        "--target", default="qwen2.5-coder-0.5b-instruct", help="known model name, folder or Hub id"
+        "--target", default=None, help=f"known model name, folder or Hub id (default: {DEFAULT_TARGET})"
     )
     p.add_argument("--method", default="pld", help="hf-spec method spec, e.g. pld, early-exit:6, oracle:8")
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help="user message (chat template applied)")
@@ -56,9 +59,13 @@ def run(args: argparse.Namespace) -> int:
 
     from hf_spec import SpeculativeDecoder
     from hf_spec.bench.prompts import encode_chat
+    from hf_spec.models.downloads import check_default_target
     from hf_spec.registry import parse_method
 
     parse_method(args.method)  # a bad method spec fails before the model loads
+    if args.target is None:  # no model named: the default, not downloaded unasked while HF_HUB_OFFLINE is set
+        check_default_target(DEFAULT_TARGET)
+        args.target = DEFAULT_TARGET
     threads = set_threads(args.threads)
     model, tokenizer = load_target(args)
     input_ids = encode_chat(tokenizer, [{"role": "user", "content": args.prompt}]).to(model.device)

@@ -25,6 +25,7 @@ def run(args: argparse.Namespace) -> int:
             if choices:
                 allowed = f" [{' | '.join(map(repr, choices))}{' | None' if schema[f.name].optional else ''}]"
             print(f"    {f.name} = {_default(f)}{allowed}: {f.metadata.get('help', '')}")
+    print("\nRelative paths in a config file are read from the config file's folder.")
     return 0
 
 

@@ -75,6 +75,7 @@ def run_hispec(args: argparse.Namespace) -> int:
         write_sweep,
     )
     from hf_spec.methods.hispec.config import HiSpecConfig
+    from hf_spec.output_folder import check_writable_folder
 
     grid = [
         HiSpecConfig(
@@ -92,10 +93,11 @@ def run_hispec(args: argparse.Namespace) -> int:
     if not grid:
         print("no (L_d, L_i) pair with L_d < L_i in --draft-layers x --verify-layers", file=sys.stderr)
         return 2
+    out = Path(args.out)
+    check_writable_folder(out, "sweep results")  # before any work, not at the end of the sweep
     set_threads(args.threads)
     prompts = load_prompts(args.prompts, args.limit, args.per_category)
     model, tokenizer = load_target(args)
-    out = Path(args.out)
 
     def bar(total: int, desc: str):
         return tqdm(total=total, desc=desc, unit="run")

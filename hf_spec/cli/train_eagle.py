@@ -104,13 +104,16 @@ def train_and_save(args: argparse.Namespace, cfg, train_fn, recipe_cls, kind: st
     from hf_spec.heads.card import head_card
     from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER, save_head_folder
     from hf_spec.output_folder import check_output_folder, holds_model_type
+    from hf_spec.training.distributed import current_processes
     from hf_spec.training.features import capture_features
     from hf_spec.training.responses import prompt_id_of
 
     out = Path(args.out)
     check_output_folder(out, holds_model_type(model_type), f"{model_type} head")  # before hours of training
-    model, _, convs = conversations_from_args(args)
-    store = capture_features(model, convs, args.data_dir, target=args.target)
+    processes = current_processes()
+    with processes.main_first():  # the main process fills the answer and feature caches, the others read them
+        model, _, convs = conversations_from_args(args)
+        store = capture_features(model, convs, args.data_dir, target=args.target)
     if getattr(cfg, "topk", 0) > store.topk:
         raise ValueError(
             f"--topk {cfg.topk} exceeds the {store.topk} target probabilities captured per position in the "
@@ -121,6 +124,8 @@ def train_and_save(args: argparse.Namespace, cfg, train_fn, recipe_cls, kind: st
     groups = [prompt_id_of(cid) for cid in store.ordered_ids(wanted)]  # sampled answers go with their prompt
     run_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else default_run_dir(out)
     head, report = train_fn(model, sequences, run_dir, cfg, groups=groups)
+    if not processes.is_main:  # one process writes the head folder
+        return 0
     command = "hf-spec " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     report["command"] = command
     report["prompt_files"] = args.prompts

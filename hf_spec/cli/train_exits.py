@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from hf_spec.heads.exits.model import ExitHeads
     from hf_spec.heads.exits.train import evaluate_heads, timed, train_heads
     from hf_spec.output_folder import check_output_folder, holds_model_type
+    from hf_spec.training.distributed import current_processes
 
     set_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -120,11 +121,15 @@ def run(args: argparse.Namespace) -> int:
         kept.append((ids, start))
         positions += ids.shape[0] - 1 - start
 
-    extract = dict(layers=layers, top_k=args.top_k, work_dir=work, progress=tqdm)
-    (train_feats, t_train), (held_feats, t_held) = (
-        timed(extract_cached, model, kept, name="train", **extract),
-        timed(extract_cached, model, heldout, name="heldout", **extract),
-    )
+    processes = current_processes()
+    bars = tqdm if processes.is_main else None
+    extract = dict(layers=layers, top_k=args.top_k, work_dir=work, progress=bars)
+    # the main process extracts the features into the work folder, the others read them
+    with processes.main_first():
+        (train_feats, t_train), (held_feats, t_held) = (
+            timed(extract_cached, model, kept, name="train", **extract),
+            timed(extract_cached, model, heldout, name="heldout", **extract),
+        )
     history, t_fit = timed(
         train_heads,
         model,
@@ -138,6 +143,8 @@ def run(args: argparse.Namespace) -> int:
         checkpoint=work / "checkpoint.pt",
         progress=tqdm,
     )
+    if not processes.is_main:  # one process measures and writes the folder
+        return 0
     measured = evaluate_heads(model, heads, held_feats)
     coverage = None
     if args.draft_vocab:
@@ -158,6 +165,8 @@ def run(args: argparse.Namespace) -> int:
         "lr": args.lr,
         "seed": args.seed,
         "threads": args.threads,
+        "num_processes": processes.world,
+        "global_batch_positions": args.batch_size,  # per optimizer step, over all processes
         "first_loss": history[0] if history else float("nan"),
         "last_loss": sum(history[-20:]) / max(len(history[-20:]), 1),
         "extract_seconds": t_train + t_held,

@@ -21,6 +21,7 @@ from hf_spec.cli.common import (
     load_target,
     set_threads,
 )
+from hf_spec.jsonl import read_json, read_jsonl
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -47,7 +48,7 @@ def read_prompts(path: str | Path) -> list[str]:
     Spec-Bench `.jsonl` (`turns[0]`)."""
     path = Path(path)
     if path.suffix == ".json":
-        rows = json.loads(path.read_text())
+        rows = read_json(path)
         out = []
         for row in rows:
             turns = [t["value"] for t in row.get("conversations", []) if t.get("from") == "human"]
@@ -55,10 +56,7 @@ def read_prompts(path: str | Path) -> list[str]:
                 out.append(turns[0])
         return out
     out = []
-    for line_no, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        row = json.loads(line)
+    for line_no, row in read_jsonl(path):
         if "turns" in row:
             out.append(row["turns"][0])
         elif "instruction" in row:
@@ -73,10 +71,17 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm.auto import tqdm
 
+    from hf_spec.training.distributed import check_single_process
+
+    check_single_process("hf-spec train postuse")  # its episodes decode one after another
+
     from hf_spec.bench.prompts import encode_chat
     from hf_spec.decoder import SpeculativeDecoder
     from hf_spec.methods.postuse.config import PostUseConfig
+    from hf_spec.methods.postuse.controller import is_q_table
+    from hf_spec.output_folder import check_output_file
 
+    check_output_file(args.out, is_q_table, "Pre-cut Q-table")  # before the training run, not after it
     config = PostUseConfig.from_pretrained(args.config)
     if not config.precut:
         raise SystemExit(f"{args.config} has precut off: there is no Q-table to learn")

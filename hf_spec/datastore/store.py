@@ -6,6 +6,7 @@ On disk (`hf-spec datastore build --out DIR`, or `$HF_SPEC_CACHE/datastores/<key
     meta.json             tokenizer identity, token counts per source, build time, bytes
     tokens.npy            flat int32 token array, -1 between documents
     suffix_array.npy      suffix array of the reversed token array
+    hf_spec_checksums.json   sha256 of the two arrays, written last and checked at load (`hf_spec.integrity`)
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from hf_spec.datastore.sources import (
     read_texts,
     response_documents,
 )
+from hf_spec.integrity import verify_checksums, write_checksums
 from hf_spec.output_folder import check_output_folder
 
 FORMAT_VERSION = 1
@@ -223,6 +225,7 @@ def save_datastore(folder: str | os.PathLike, index: TokenIndex, recipe: Datasto
     index.save(tmp)
     (tmp / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2) + "\n")
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    write_checksums(tmp, [p.name for p in tmp.glob("*.npy")])  # last: checked at load
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
     return folder
@@ -245,7 +248,8 @@ def load_datastore(folder: str | os.PathLike, tokenizer=None) -> Datastore:
         raise ValueError(f"{folder} was built with another tokenizer ({meta.get('tokenizer')}); rebuild it")
     try:
         index = TokenIndex.load(folder)
-    except (OSError, ValueError) as err:  # missing, truncated or foreign .npy files
+        verify_checksums(folder, f"the datastore at {folder}")
+    except (OSError, ValueError) as err:  # missing, truncated, foreign or altered .npy files
         raise ValueError(f"{folder}: corrupt datastore arrays ({err}); rebuild the datastore") from None
     return Datastore(index, meta)
 

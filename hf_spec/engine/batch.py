@@ -20,6 +20,7 @@ from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel, Sto
 from hf_spec.compat import cache_kwargs, passed_cache
 from hf_spec.draft_switch import DraftSwitch
 from hf_spec.engine.commit import Committed
+from hf_spec.engine.hidden import select_hidden_states
 from hf_spec.engine.profile import TargetProfile, target_profile
 from hf_spec.engine.round import RoundEngine, Row
 from hf_spec.engine.rows import batch_output, row_inputs
@@ -122,10 +123,14 @@ class BatchLayout:
 
 
 def _prefill(
-    model: PreTrainedModel, profile: TargetProfile, input_ids: torch.Tensor, pads: list[int], want_hidden
+    model: PreTrainedModel,
+    profile: TargetProfile,
+    input_ids: torch.Tensor,
+    pads: list[int],
+    hidden_layers: tuple[int, ...] | None,
 ):
     """Prefill every row but its last token (its first root); pad slots are invalid for good. Returns `(cache,
-    valid, last hidden states or None)`."""
+    valid, the hidden states of `hidden_layers` or None)`."""
     batch, length = input_ids.shape
     cache = target_cache(model)
     valid = torch.ones(batch, length - 1, dtype=torch.bool)
@@ -143,10 +148,10 @@ def _prefill(
             attention_mask=mask,
             **cache_kwargs(model, cache),
             use_cache=True,
-            output_hidden_states=want_hidden,
+            output_hidden_states=hidden_layers is not None,
             logits_to_keep=1,
         )
-        hidden = out.hidden_states[-1] if want_hidden else None
+        hidden = select_hidden_states(out.hidden_states, hidden_layers) if hidden_layers is not None else None
     return cache, valid, hidden
 
 
@@ -187,7 +192,8 @@ def batched_generate(
     screen = profile.screens(do_sample, bool(logits_processor), out_scores or out_logits)
 
     t0 = time.perf_counter()
-    cache, valid, hidden = _prefill(model, profile, input_ids, pads, want_hidden)
+    layers = drafters[0].hidden_state_layers if want_hidden else None
+    cache, valid, hidden = _prefill(model, profile, input_ids, pads, layers)
     prefill_time = time.perf_counter() - t0
 
     rows: list[Row] = []

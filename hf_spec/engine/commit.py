@@ -9,6 +9,7 @@ of a kind whose answer depends only on the length and the last token (`max_lengt
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import LogitsProcessorList, StoppingCriteriaList
@@ -17,6 +18,9 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from hf_spec.outputs import SpecStats
 from hf_spec.tree import DraftTree
 from hf_spec.verify.acceptance import Acceptance, accept_greedy, accept_greedy_logits, accept_sampling
+
+if TYPE_CHECKING:
+    from hf_spec.engine.backend import Backend
 
 
 class TokenBuffer:
@@ -130,9 +134,14 @@ def accept(
     do_sample: bool,
     generator: torch.Generator | None,
     want_scores: bool,
+    backend: Backend | None = None,
 ) -> Acceptance:
     """Accept `tree` against its verification logits `(num_nodes + 1, vocab)`; `prefix` `(1, seq_len)` is what
-    the processors see before the accepted path."""
+    the processors see before the accepted path. A `backend` with an acceptance kernel accepts on the device."""
+    if backend is not None:
+        acc = backend.accept(tree, logits, prefix, processors, do_sample, generator, want_scores)
+        if acc is not None:
+            return acc
     if not do_sample and not processors:
         return accept_greedy_logits(tree, logits, want_scores)
     score_row = _scorer(logits, prefix, tree, processors)

@@ -2,7 +2,8 @@
 
 A round asks the same questions of the target every time: which layers slide, by what name its forward takes the
 cache, whether its attention dispatches by name (so the grouped-attention kernel may replace `sdpa`), which kernel
-backend runs it, whether its LM head may be screened. `target_profile(model)` answers them once and keeps the
+backend runs it, whether its LM head may be screened, how its weights are stored and placed (quantized, offloaded:
+`hf_spec.engine.placement`). `target_profile(model)` answers them once and keeps the
 answers on the model, recomputed when the model's dtype, device, attention config or an `HF_SPEC_*` setting they
 depend on changes.
 """
@@ -16,7 +17,8 @@ from transformers import PreTrainedModel
 
 from hf_spec import envs
 from hf_spec.compat import forward_cache_name
-from hf_spec.engine.backend import Backend, backend_for
+from hf_spec.engine.backend import Backend, TorchBackend, backend_for
+from hf_spec.engine.placement import Int8RowsBackend, TargetPlacement, input_device, target_placement
 from hf_spec.verify.windows import attention_windows
 
 _PROFILE_KEY = "_hf_spec_profile"
@@ -32,7 +34,8 @@ class TargetProfile:
         dispatches_attention: layers take their attention function from transformers' `AttentionInterface`.
         backend: the kernel backend for this model's forwards.
         can_screen: greedy verification may read the int8-screened LM head (when nothing but the argmax is read).
-        device / dtype: where and in what precision the model's weights are.
+        device / dtype: where the model takes its inputs (the embedding's device) and its compute precision.
+        placement: how the weights are stored and placed (quantization, offloading, devices).
     """
 
     windows: tuple[int | None, ...]
@@ -42,6 +45,13 @@ class TargetProfile:
     can_screen: bool
     device: torch.device
     dtype: torch.dtype
+    placement: TargetPlacement
+
+    @property
+    def int8_rows(self) -> bool:
+        """The target's LLM.int8 layers pick outlier columns over all rows of a forward: the prefill takes the
+        whole prompt, as `generate` does (`hf_spec.verify.int8_rows`)."""
+        return self.placement.int8_rows
 
     @property
     def sliding(self) -> bool:
@@ -59,11 +69,13 @@ class TargetProfile:
 
 def target_profile(model: PreTrainedModel) -> TargetProfile:
     """The model's `TargetProfile`, computed at the first call and again when what it depends on changed."""
-    weight = next(model.parameters())
+    weight = _embedding_weight(model)  # a quantized model's first parameter may be int8
     config = model.config
+    placement = target_placement(model)
     key = (
         weight.device,
         weight.dtype,
+        placement,
         getattr(config, "_attn_implementation", None),
         envs.HF_SPEC_BACKEND,
         envs.HF_SPEC_SCREENED_HEAD,
@@ -75,7 +87,7 @@ def target_profile(model: PreTrainedModel) -> TargetProfile:
     cached = model.__dict__.get(_PROFILE_KEY)
     if cached is not None and cached[0] == key:
         return cached[1]
-    backend = backend_for(weight.device.type, key[3])
+    backend = _backend(placement, key[4])
     dispatches = (
         getattr(type(model), "_supports_attention_backend", False)
         and not getattr(config, "sub_configs", None)  # a composite model: its parts keep their own settings
@@ -86,8 +98,32 @@ def target_profile(model: PreTrainedModel) -> TargetProfile:
         dispatches_attention=bool(dispatches),
         backend=backend,
         can_screen=backend.can_screen(model),
-        device=weight.device,
+        device=input_device(model),
         dtype=weight.dtype,
+        placement=placement,
     )
     model.__dict__[_PROFILE_KEY] = (key, profile)
     return profile
+
+
+def _embedding_weight(model: PreTrainedModel) -> torch.Tensor:
+    try:
+        return model.get_input_embeddings().weight
+    except (NotImplementedError, AttributeError):  # a model without the accessor: its first parameter
+        return next(model.parameters())
+
+
+def _backend(placement: TargetPlacement, forced: str | None) -> Backend:
+    """`backend_for` the target's device, stock torch where hf-spec's CPU kernels cannot read its weights
+    (offloaded, spread over devices, quantized tensor subclasses), row-local LLM.int8 layers where they need it."""
+    kinds = {torch.device(d).type for d in placement.devices} or {"cpu"}
+    device_type = kinds.pop() if len(kinds) == 1 else "mixed"  # "mixed": stock torch
+    backend = backend_for(device_type, forced)
+    if type(backend) is not TorchBackend and device_type == "cpu" and not placement.cpu_kernels_apply:
+        if forced:
+            raise ValueError(
+                f"HF_SPEC_BACKEND={forced}: hf-spec's CPU kernels cannot run this target ({placement.describe()}: "
+                "they read plain weights resident on the CPU); unset it to run stock torch"
+            )
+        backend = TorchBackend()
+    return Int8RowsBackend(backend) if placement.int8_rows else backend

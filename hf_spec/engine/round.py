@@ -28,6 +28,7 @@ from hf_spec.engine.commit import (
     accept,
     commit_tokens,
 )
+from hf_spec.engine.hidden import select_hidden_states
 from hf_spec.engine.profile import TargetProfile
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
 from hf_spec.outputs import SpecStats
@@ -148,14 +149,17 @@ class RoundEngine:
         rows = logits[: len(tree) + 1]  # [num_nodes + 1, vocab]
         acc = accept(
             tree, rows, row.state.input_ids, row.processors, self.do_sample, self.generator,
-            want_scores=row.outputs.scores is not None,
+            want_scores=row.outputs.scores is not None, backend=self.profile.backend,
         )  # fmt: skip
         committed = commit_tokens(tree, acc, rows, row.tokens, row.stop, row.outputs, row.stats)
         row.state.input_ids = row.tokens.view()
         return committed
 
     def observe(self, row: Row, tree: DraftTree, c: Committed, out, logits: torch.Tensor, i: int) -> None:
-        hidden = out.hidden_states[-1][i : i + 1, c.keep] if self.want_hidden else None
+        hidden = None
+        if self.want_hidden:  # the layers the drafter reads, at the root and the accepted nodes of this row
+            layers = row.drafter.hidden_state_layers
+            hidden = select_hidden_states(out.hidden_states, layers)[i : i + 1, c.keep]
         row.state.hidden_states = hidden
         predictions = None
         if row.drafter.requires_target_predictions:

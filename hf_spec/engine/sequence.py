@@ -18,14 +18,16 @@ from transformers import __version__ as transformers_version
 
 from hf_spec.compat import OUTPUT_CACHE_FIELD, cache_kwargs, passed_cache
 from hf_spec.engine.commit import Committed
+from hf_spec.engine.hidden import select_hidden_states
 from hf_spec.engine.profile import TargetProfile, target_profile
 from hf_spec.engine.round import RoundEngine, Row
 from hf_spec.methods.base import Drafter, SpecState
 from hf_spec.outputs import SpecDecodeOutput, SpecStats
 from hf_spec.tree import DraftTree
-from hf_spec.verify.cache import cache_length, check_rewindable, compact_cache, crop_cache
+from hf_spec.verify.cache import cache_length, check_rewindable, crop_cache
 from hf_spec.verify.compat import check_tree_verification
 from hf_spec.verify.forward import verification_inputs
+from hf_spec.verify.int8_rows import prompt_forward
 from hf_spec.verify.windows import rewindable_cache
 
 
@@ -41,11 +43,12 @@ class SequenceLayout:
     def verify(self, rows: list[Row], trees: list[DraftTree], output_hidden_states: bool):
         (row,), (tree,) = rows, trees
         self.past = row.state.seq_len - 1
-        ids, positions, mask = verification_inputs(self.model, row.state.input_ids[:, -1:], tree, self.past)
+        root = row.state.input_ids[:, -1:]
+        ids, positions, mask = verification_inputs(self.model, root, tree, self.past, self.profile.backend)
         return row.drafter.verify_forward(row.state, tree, ids, positions, mask, output_hidden_states)
 
     def compact(self, rows: list[Row], committed: list[Committed]) -> None:
-        compact_cache(self.cache, self.past, committed[0].keep)
+        self.profile.backend.compact_cache(self.cache, self.past, committed[0].keep)
 
 
 def check_supported(
@@ -63,6 +66,11 @@ def check_supported(
         raise ValueError(
             f"speculative_generate decodes one sequence; got batch size {input_ids.shape[0]} "
             "(SpeculativeDecoder decodes a batch)"
+        )
+    if input_ids.shape[1] == 0 and model_kwargs.get("inputs_embeds") is None:
+        raise ValueError(
+            "the prompt is empty (input_ids holds 0 tokens): hf-spec continues a prompt of at least one token "
+            "(e.g. the tokenizer's BOS token)"
         )
     if model_kwargs.get("inputs_embeds") is not None or input_ids.shape[1] == 0:
         raise ValueError(
@@ -104,9 +112,14 @@ def _rewindable_passed_cache(model: PreTrainedModel, model_kwargs: dict):
 
 
 def _prefill(
-    model: PreTrainedModel, cache, input_ids: torch.Tensor, state: SpecState, want_hidden: bool
+    model: PreTrainedModel,
+    cache,
+    input_ids: torch.Tensor,
+    state: SpecState,
+    hidden_layers: tuple[int, ...] | None,
 ) -> None:
-    """Feed the prompt but its last token (the first root) into `cache`, after what it already holds."""
+    """Feed the prompt but its last token (the first root) into `cache`, after what it already holds; with
+    `hidden_layers` (`Drafter.hidden_state_layers`), put those layers' states in `state.hidden_states`."""
     past = cache_length(cache)
     if past > input_ids.shape[1]:
         raise ValueError(
@@ -119,16 +132,24 @@ def _prefill(
         past -= 1
         crop_cache(cache, past)
     if input_ids.shape[1] - 1 > past:
-        out = model(
-            input_ids=input_ids[:, past:-1],
-            position_ids=torch.arange(past, input_ids.shape[1] - 1, device=input_ids.device).unsqueeze(0),
-            **cache_kwargs(model, cache),
-            use_cache=True,
-            output_hidden_states=want_hidden,
-            logits_to_keep=1,
-        )
-        if want_hidden:
-            state.hidden_states = out.hidden_states[-1]
+        # an LLM.int8 target's rows share outlier columns: it takes the whole prompt in one forward, as `generate`
+        # does, and its last token leaves the cache again (it is the first root; `hf_spec.verify.int8_rows`)
+        whole = target_profile(model).int8_rows
+        end = input_ids.shape[1] - (not whole)
+        with prompt_forward(model, input_ids.shape[1], record=whole):
+            out = model(
+                input_ids=input_ids[:, past:end],
+                position_ids=torch.arange(past, end, device=input_ids.device).unsqueeze(0),
+                **cache_kwargs(model, cache),
+                use_cache=True,
+                output_hidden_states=hidden_layers is not None,
+                logits_to_keep=1,
+            )
+        if whole:
+            crop_cache(cache, input_ids.shape[1] - 1)
+        if hidden_layers is not None:
+            hidden = select_hidden_states(out.hidden_states, hidden_layers)
+            state.hidden_states = hidden[:, : input_ids.shape[1] - 1 - past]
 
 
 def speculative_generate(
@@ -168,7 +189,7 @@ def speculative_generate(
 
     t0 = time.perf_counter()
     state = SpecState(model, cache, input_ids, generation_config, backend=profile.backend)
-    _prefill(model, cache, input_ids, state, want_hidden)
+    _prefill(model, cache, input_ids, state, drafter.hidden_state_layers if want_hidden else None)
     row = Row.start(drafter, state, logits_processor, stopping_criteria, out_scores, out_logits, streamer)
     if stats is not None:
         row.stats = stats

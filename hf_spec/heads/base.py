@@ -114,6 +114,14 @@ class DraftHeadModel(PreTrainedModel):
 
     def init_layer_from(self, target: PreTrainedModel, index: int = -1) -> None:
         """Start the head's layer from one of the target's layers (a warm start for small training sets)."""
+        from hf_spec.engine.placement import target_placement
+
+        placement = target_placement(target)
+        if placement.quantization or placement.offloaded:
+            raise ValueError(
+                f"init_from_last_layer copies a target layer's weights into the head, and this target's are "
+                f"{placement.describe()}: train without it, or load the target unquantized and in memory"
+            )
         self.layer.load_state_dict(target.model.layers[index].state_dict())
 
     def run_layer(

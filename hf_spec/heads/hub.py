@@ -6,6 +6,7 @@ configuration_hf_spec.py, modeling_hf_spec.py   thin re-exports of hf_spec's cla
 custom_generate/generate.py   target.generate(..., custom_generate=folder, trust_remote_code=True)
 README.md            model card
 hf_spec_config.json  the decoding recipe (method + this head)
+hf_spec_checksums.json   sha256 of the weights, written last and checked at load (`hf_spec.integrity`)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import torch
 
 from hf_spec.config import MethodConfig
+from hf_spec.integrity import weight_files, write_checksums
 from hf_spec.output_folder import check_output_folder, holds_model_type
 
 _REEXPORT = '''"""Re-exports hf-spec's {kind} classes for `trust_remote_code` loading. Requires `pip install hf-spec`."""
@@ -37,6 +39,13 @@ def generate(model, **kwargs):
 '''
 
 HEAD_IN_THIS_FOLDER = "."  # a recipe's head path meaning "the folder custom_generate was loaded from"
+
+# custom_generate/requirements.txt, checked by transformers before it runs the folder's generate.py; on a CUDA
+# target hf-spec runs the round's Triton kernels (its `triton` backend), on the CPU its CPU kernels
+REQUIREMENTS = """hf-spec>=0.1.0
+# GPU: the triton package (it comes with torch's CUDA wheels; else pip install 'hf-spec[triton]') lets hf-spec
+# run acceptance, cache compaction, tree masks and draft top-k in its Triton kernels on a CUDA target
+"""
 
 
 def save_head_folder(head, folder: str | os.PathLike, recipe: MethodConfig, card: str) -> Path:
@@ -78,6 +87,7 @@ def save_head_folder(head, folder: str | os.PathLike, recipe: MethodConfig, card
     (folder / "custom_generate").mkdir(exist_ok=True)
     text = json.dumps(recipe.to_dict())
     (folder / "custom_generate" / "generate.py").write_text(_GENERATE_PY.format(recipe=repr(text)))
-    (folder / "custom_generate" / "requirements.txt").write_text("hf-spec\n")
+    (folder / "custom_generate" / "requirements.txt").write_text(REQUIREMENTS)
     (folder / "README.md").write_text(card)
+    write_checksums(folder, weight_files(folder))  # last: a folder with a checksum list was written whole
     return folder

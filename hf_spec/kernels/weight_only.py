@@ -123,11 +123,14 @@ def int4_group_size(in_features: int) -> int:
 
 def quantize_linears(module: nn.Module, scheme: str, **kwargs) -> dict[nn.Linear, QuantizedWeight]:
     """Packed copies of the `nn.Linear` weights in `module` (the module itself is left unchanged); int4 leaves
-    out the shapes its kernel cannot take."""
+    out the shapes its kernel cannot take, and weights it cannot read (quantized tensor subclasses such as
+    torchao's, offloaded `meta` placeholders: those layers draft with their own weights)."""
     return {
         m: QuantizedWeight.from_weight(m.weight, scheme, **kwargs)
         for m in module.modules()
         if type(m) is nn.Linear
+        and type(m.weight.data) is torch.Tensor
+        and m.weight.device.type != "meta"
         and (scheme != "int4" or (int4_group_size(m.in_features) and m.out_features % 16 == 0))
     }
 

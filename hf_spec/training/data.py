@@ -26,6 +26,7 @@ def load_conversations(
     generate: bool = True,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
+    load: dict | None = None,
     continue_cut: bool = False,
     samples: int = 0,
     temperature: float = 0.7,
@@ -33,8 +34,9 @@ def load_conversations(
     """`(model, tokenizer, conversations)`: answers missing from the cache are generated first, by the target in
     `dtype` (tagged `generated-bfloat16` etc. when not float32); `continue_cut`: cached answers cut by a smaller
     budget than `max_new_tokens` are continued to it; `samples`: sampled answers per prompt besides the greedy
-    one (at `temperature`). `prompt_files` (ShareGPT `.json` or Alpaca-style `.jsonl`) are required; `data_dir`
-    defaults to `$HF_SPEC_CACHE/data/<target name>`."""
+    one (at `temperature`); `load`: `load_model`'s quantization and placement keywords. `prompt_files`
+    (ShareGPT `.json` or Alpaca-style `.jsonl`) are required; `data_dir` defaults to
+    `$HF_SPEC_CACHE/data/<target name>`."""
     from hf_spec.models.fetch import dtype_name, load_model
 
     if not prompt_files:
@@ -43,7 +45,7 @@ def load_conversations(
         )
 
     if model is None:
-        model, tokenizer = load_model(target, dtype=dtype, device=device)
+        model, tokenizer = load_model(target, dtype=dtype, device=device, **(load or {}))
     prompts = [p for path in prompt_files for p in load_train_prompts(path, limit)]
     cache = ResponseCache(data_dir or default_data_dir(target))
     cache.bind_target(model)

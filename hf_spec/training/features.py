@@ -6,24 +6,30 @@ Per token position t of a conversation (prompt + response):
   the target's own final norm + LM head turn it into exactly the target's logits, so a head that predicts it can
   reuse them;
 - `topk_ids[t]`, `topk_logp[t]`: the K most likely next tokens of the target at t and their log-probabilities;
-- `response_mask[t]`: 1 where token t belongs to the target's answer.
+- `response_mask[t]`: 1 where token t belongs to the target's answer (for fixed text: to the trained span);
+- `aux_features[t]` (only in stores captured with `aux_layers`): the target's raw `hidden_states[i]` for each i
+  in `aux_layers` (0: the embeddings, i: the input of decoder layer i), concatenated: `(len(aux_layers) * hidden,)`,
+  what EAGLE-3 fuses (its low/mid/high layers).
 
 A shard is one safetensors file of concatenated conversations (`offsets` marks where each starts); the manifest
 lists the conversations done and their lengths, so an interrupted capture resumes where it stopped and a
 conversation whose answer grew (`hf-spec data responses --continue-cut`) is captured again; its newer copy
-supersedes the old one.
+supersedes the old one. A shard is written to a temporary name and renamed, then listed in the manifest: a
+half-written shard is never read. Fixed text (`training/corpus_features.py`) goes through the same loop
+(`capture_sequences`) as the target's answers.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from hf_spec.heads.features import unit_features
@@ -44,6 +50,8 @@ class FeatureStore:
     topk: int = 16
     fingerprint: dict = field(default_factory=dict)
     lengths: list[int] = field(default_factory=list)  # tokens of each entry of `done`
+    aux_layers: list[int] = field(default_factory=list)  # hidden_states indices kept as `aux_features`
+    dtype: str = ""  # the target's dtype at capture ("" in stores from before it was recorded)
 
     @classmethod
     def open(cls, folder: str | os.PathLike) -> FeatureStore:
@@ -62,6 +70,7 @@ class FeatureStore:
             ) from None
         # manifests written before lengths were recorded: read them from the shards' offsets
         store.lengths = data.get("lengths") or store._lengths_from_shards()
+        store.aux_layers, store.dtype = list(data.get("aux_layers", [])), data.get("dtype", "")
         return store
 
     def _lengths_from_shards(self) -> list[int]:
@@ -83,6 +92,8 @@ class FeatureStore:
             "topk": self.topk,
             "fingerprint": self.fingerprint,
             "lengths": self.lengths,
+            "aux_layers": self.aux_layers,
+            "dtype": self.dtype,
         }
         tmp = self.folder / (MANIFEST + ".tmp")
         tmp.write_text(json.dumps(data))
@@ -92,13 +103,16 @@ class FeatureStore:
         """The conversations (of `ids`, if given) in the order `load_sequences` returns them: of first capture."""
         return [cid for cid in dict.fromkeys(self.done) if ids is None or cid in ids]
 
-    def load_sequences(self, ids: set[str] | None = None) -> list[dict[str, torch.Tensor]]:
+    def load_sequences(
+        self, ids: set[str] | None = None, keys: tuple[str, ...] | None = None
+    ) -> list[dict[str, torch.Tensor]]:
         """Every conversation (of `ids`, if given) as a dict of tensors (`input_ids`, `features`, `topk_ids`,
         `topk_logp`, `response_mask`), features kept in bfloat16: its newest capture, at the place of its first
-        (so a re-captured conversation keeps its place, e.g. in the held-out split); order: `ordered_ids`."""
+        (so a re-captured conversation keeps its place, e.g. in the held-out split); order: `ordered_ids`.
+        `keys`: read only these tensors (default: all but `aux_features`, which only EAGLE-3 reads)."""
         entries = []
         for name in self.shards:
-            shard = load_file(self.folder / name)
+            shard = _read_shard(self.folder / name, keys)
             offsets = shard.pop("offsets").tolist()
             for start, end in zip(offsets[:-1], offsets[1:], strict=True):
                 entries.append({key: value[start:end] for key, value in shard.items()})
@@ -106,7 +120,6 @@ class FeatureStore:
         return [newest[cid] for cid in self.ordered_ids(ids)]
 
 
-@torch.no_grad()
 def capture_features(
     model,
     conversations: list[Conversation],
@@ -121,8 +134,29 @@ def capture_features(
     """Capture features of `conversations` not captured yet into `<data_dir>/features`, keeping the target's
     `topk` most likely next tokens per position (None: as many as the store already keeps, 16 for a new one)."""
     folder = Path(data_dir or default_data_dir(target or model.name_or_path)) / "features"
+    items = [(c.id, c.input_ids, [0] * len(c.prompt_ids) + [1] * len(c.response_ids)) for c in conversations]
+    return capture_sequences(
+        model,
+        items,
+        folder,
+        topk=topk,
+        shard_tokens=shard_tokens,
+        logits_chunk=logits_chunk,
+        progress=progress,
+    )
+
+
+def open_store(model, folder: Path, topk: int | None, aux_layers: tuple[int, ...] = ()) -> FeatureStore:
+    """The store at `folder`, checked to belong to `model` (same fingerprint, top-K, aux layers and dtype)."""
+    from hf_spec.models.fetch import dtype_name
+
     folder.mkdir(parents=True, exist_ok=True)
     store = FeatureStore.open(folder)
+    dtype = dtype_name(model.dtype)
+    if store.shards and store.dtype and store.dtype != dtype:  # before the fingerprint, which the dtype moves
+        raise ValueError(
+            f"{folder} was captured from the target in {store.dtype}, not {dtype}: use that dtype"
+        )
     fingerprint = target_fingerprint(model)
     if store.shards and store.fingerprint.get("signature") != fingerprint["signature"]:
         raise ValueError(f"{folder} holds features of another target; use another --data-dir")
@@ -135,43 +169,94 @@ def capture_features(
         raise ValueError(
             f"{folder} was captured with --topk {store.topk}, not {topk}: use that or another --data-dir"
         )
-    store.topk, store.fingerprint = topk, fingerprint
+    layers = model.config.num_hidden_layers
+    if any(not 0 <= i < layers for i in aux_layers):
+        raise ValueError(
+            f"aux layers must be in 0..{layers - 1} (hidden_states indices), got {list(aux_layers)}"
+        )
+    if store.shards and store.aux_layers != list(aux_layers):
+        raise ValueError(
+            f"{folder} was captured with aux layers {store.aux_layers}, not {list(aux_layers)}: use those or "
+            "another folder"
+        )
+    store.topk, store.fingerprint, store.aux_layers, store.dtype = topk, fingerprint, list(aux_layers), dtype
+    return store
+
+
+@torch.no_grad()
+def sequence_features(
+    model, parts, ids: list[int], mask: list[int], topk: int, aux_layers=(), logits_chunk: int = 256
+) -> dict[str, torch.Tensor]:
+    """One teacher-forced forward over `ids`: the tensors a shard stores for it (see the module docstring)."""
+    x = torch.tensor([ids])
+    out = model.model(input_ids=x.to(model.device), output_hidden_states=bool(aux_layers))
+    hidden = out.last_hidden_state[0]  # [seq_len, H], post-norm
+    ids_k, logp_k = [], []
+    for start in range(0, hidden.shape[0], logits_chunk):
+        logp = torch.log_softmax(parts.lm_head(hidden[start : start + logits_chunk]).float(), dim=-1)
+        top = torch.topk(logp, topk, dim=-1)
+        ids_k.append(top.indices.to("cpu", torch.int32))
+        logp_k.append(top.values.to("cpu", torch.float16))
+    tensors = {
+        "input_ids": x[0].to(torch.int32),
+        "features": unit_features(hidden, parts.norm).to("cpu", torch.bfloat16),
+        "topk_ids": torch.cat(ids_k),
+        "topk_logp": torch.cat(logp_k),
+        "response_mask": torch.tensor(mask, dtype=torch.uint8),
+    }
+    if aux_layers:  # [seq_len, len(aux_layers) * H]
+        aux = [out.hidden_states[i][0] for i in aux_layers]
+        tensors["aux_features"] = torch.cat(aux, dim=-1).to("cpu", torch.bfloat16)
+    return tensors
+
+
+@torch.no_grad()
+def capture_sequences(
+    model,
+    items: Iterable[tuple[str, list[int], list[int]]],
+    folder: str | os.PathLike,
+    *,
+    topk: int | None = None,
+    aux_layers: tuple[int, ...] = (),
+    shard_tokens: int = 65536,
+    logits_chunk: int = 256,
+    progress: bool = True,
+    total: int | None = None,
+    on_shard: Callable[[FeatureStore], None] | None = None,
+) -> FeatureStore:
+    """Capture `(id, input_ids, mask)` items not captured yet (or captured at another length) into the store at
+    `folder`, a shard every `shard_tokens` tokens; `on_shard(store)` after each shard is written."""
+    store = open_store(model, Path(folder), topk, tuple(aux_layers))
     parts = decoder_parts(model)
     captured = store.captured()
-    todo = [c for c in conversations if captured.get(c.id) != len(c.input_ids)]
     pending: list[tuple[str, dict[str, torch.Tensor]]] = []
-    bar = tqdm(total=len(todo), desc="target features", unit="conv", disable=not progress)
-    for conv in todo:
-        ids = torch.tensor([conv.input_ids])
-        hidden = model.model(input_ids=ids.to(model.device)).last_hidden_state[0]  # [seq_len, H], post-norm
-        ids_k, logp_k = [], []
-        for start in range(0, hidden.shape[0], logits_chunk):
-            logp = torch.log_softmax(parts.lm_head(hidden[start : start + logits_chunk]).float(), dim=-1)
-            top = torch.topk(logp, topk, dim=-1)
-            ids_k.append(top.indices.to("cpu", torch.int32))
-            logp_k.append(top.values.to("cpu", torch.float16))
-        mask = torch.zeros(ids.shape[1], dtype=torch.uint8)
-        mask[len(conv.prompt_ids) :] = 1
+    bar = tqdm(total=total, desc="target features", unit="seq", disable=not progress)
+    for seq_id, ids, mask in items:
+        if captured.get(seq_id) == len(ids):
+            continue
+        if len(mask) != len(ids):
+            raise ValueError(f"{seq_id}: mask of {len(mask)} tokens for {len(ids)} input ids")
         pending.append(
-            (
-                conv.id,
-                {
-                    "input_ids": ids[0].to(torch.int32),
-                    "features": unit_features(hidden, parts.norm).to("cpu", torch.bfloat16),
-                    "topk_ids": torch.cat(ids_k),
-                    "topk_logp": torch.cat(logp_k),
-                    "response_mask": mask,
-                },
-            )
+            (seq_id, sequence_features(model, parts, ids, mask, store.topk, aux_layers, logits_chunk))
         )
         bar.update(1)
         if sum(len(p[1]["input_ids"]) for p in pending) >= shard_tokens:
             _write_shard(store, pending)
             pending = []
+            if on_shard is not None:
+                on_shard(store)
     if pending:
         _write_shard(store, pending)
+        if on_shard is not None:
+            on_shard(store)
     bar.close()
     return store
+
+
+def _read_shard(path: Path, keys: tuple[str, ...] | None) -> dict[str, torch.Tensor]:
+    with safe_open(path, framework="pt") as shard:
+        names = [k for k in shard.keys() if (k in keys if keys is not None else k != "aux_features")]
+        return {k: shard.get_tensor(k) for k in set(names) | {"offsets"}}
 
 
 def _write_shard(store: FeatureStore, pending: list[tuple[str, dict[str, torch.Tensor]]]) -> None:

@@ -5,10 +5,11 @@ Evaluation sets are refused: nothing that is benchmarked may be trained on.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from hf_spec.jsonl import jsonl_values, read_json
 
 # names of the benchmark prompt sets (and any file under an `eval` folder); training on them is refused
 EVAL_SET_NAMES = ("spec_bench", "humaneval", "gsm8k", "alpaca_80", "mt_bench")
@@ -35,15 +36,7 @@ def load_train_prompts(path: str | os.PathLike, limit: int | None = None) -> lis
     """The first user turn of every conversation in `path` (`.json` list or `.jsonl`)."""
     check_not_eval(path)
     path = Path(path)
-    text = path.read_text()
-    try:
-        rows = (
-            json.loads(text)
-            if path.suffix == ".json"
-            else [json.loads(line) for line in text.splitlines() if line]
-        )
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON ({err})") from None
+    rows = read_json(path) if path.suffix == ".json" else jsonl_values(path)  # errors name the file and line
     prompts = []
     for i, row in enumerate(rows):
         prompt = _prompt_from_row(row, f"{path.stem}_{i}")

@@ -1,5 +1,6 @@
-"""The loop every head trainer shares: draft vocabulary, AdamW with warm-up + decay, gradient clipping,
-`accelerate`, a progress bar with loss and accuracy, resumable checkpoints, a held-out evaluation."""
+"""The loop every head trainer shares: draft vocabulary, AdamW with warm-up + decay, gradient clipping, one or
+several processes (`accelerate launch`, `hf_spec.training.distributed`), a progress bar with loss and accuracy,
+resumable checkpoints, a held-out evaluation."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from hf_spec.training.batches import collate, draft_vocabulary, training_schedule, vocabulary_coverage
+from hf_spec.training.distributed import current_processes
 from hf_spec.training.loop import Checkpoint, warmup_linear_decay
 
 # step_fn(head, batch, cfg, t2d) -> (loss, accuracy per draft depth, loss parts)
@@ -204,9 +206,11 @@ def train_head(
     groups: list[str] | None = None,
 ):
     """Train (or resume) the fresh `head` for `target` on captured `sequences`; returns `(head, report)`.
-    `groups`: the prompt of each sequence, so that a held-out prompt's sampled answers are held out too."""
-    from accelerate import Accelerator
-
+    `groups`: the prompt of each sequence, so that a held-out prompt's sampled answers are held out too. Under
+    `accelerate launch` each process trains on its share of every global batch (`hf_spec.training.distributed`);
+    only the main process writes the checkpoint, shows progress and evaluates (the others' report has no
+    `heldout` results)."""
+    processes = current_processes()
     torch.manual_seed(cfg.seed)
     out = Path(out)
     train_set, heldout = split_heldout(sequences, cfg.heldout, groups)
@@ -258,9 +262,11 @@ def train_head(
                 "do not fit; delete that folder (or give another --checkpoint-dir) to start afresh"
             )
         head.attach_target(target)
-    accelerator = Accelerator(cpu=device.type == "cpu", device_placement=False)
+    runs = extra.setdefault("num_processes", [])  # how many processes trained from which step
+    if not runs or runs[-1]["processes"] != processes.world:
+        runs.append({"from_step": step, "processes": processes.world})
+    processes.barrier()  # every process has read the checkpoint before the main one writes the next
     amp = autocast_dtype(cfg.precision, device)
-    head, optimizer = accelerator.prepare(head, optimizer)
     head.train()
 
     bar = tqdm(
@@ -268,34 +274,41 @@ def train_head(
         initial=step,
         desc=f"train {type(head).__name__}",
         unit="step",
-        disable=not progress,
+        disable=not (progress and processes.is_main),
     )
     started, tokens_seen = time.perf_counter(), 0
     wall_before = extra["wall_seconds"]
     while step < total_steps:
-        batch = batch_on(collate([train_set[i] for i in schedule[step]], cfg.max_len), device)
+        mine, counts = processes.shard(schedule[step])
+        batch = batch_on(collate([train_set[i] for i in mine], cfg.max_len), device)
         autocast = torch.autocast(device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
         with autocast:
             loss, accs, parts = step_fn(head, batch, cfg, t2d)
+        # this process's share of the global batch's loss positions (1 with one process): the weighted sum of
+        # the processes' losses is the global batch's loss
+        weight = share_of_positions(batch, counts, processes)
         optimizer.zero_grad(set_to_none=True)
-        accelerator.backward(loss)
-        accelerator.clip_grad_norm_(params, cfg.clip)
+        (loss * weight if processes.world > 1 else loss).backward()
+        processes.sum_gradients(params)
+        torch.nn.utils.clip_grad_norm_(params, cfg.clip)
         optimizer.step()
         scheduler.step()
         step += 1
-        tokens_seen += int(batch["valid"].sum())
+        loss_value, accs, parts = global_values(loss.item(), accs, parts, weight, processes)
+        tokens_seen += int(processes.total(int(batch["valid"].sum()) if counts else 0))
         elapsed = time.perf_counter() - started
         bar.update(1)
-        bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{accs[0]:.3f}", tok_s=f"{tokens_seen / elapsed:.0f}")
+        bar.set_postfix(loss=f"{loss_value:.3f}", acc=f"{accs[0]:.3f}", tok_s=f"{tokens_seen / elapsed:.0f}")
         extra["history"].append(
-            {"step": step, "loss": round(loss.item(), 4), "acc": [round(a, 4) for a in accs]}
+            {"step": step, "loss": round(loss_value, 4), "acc": [round(a, 4) for a in accs]}
             | {k: round(v, 4) for k, v in parts.items()}
         )
         extra["wall_seconds"] = wall_before + elapsed
-        if step % cfg.save_every == 0 or step == total_steps:
-            checkpoint.save(accelerator.unwrap_model(head), optimizer, scheduler, step, extra)
+        if processes.is_main and (step % cfg.save_every == 0 or step == total_steps):
+            checkpoint.save(head, optimizer, scheduler, step, extra)
     bar.close()
-    head = accelerator.unwrap_model(head).eval()
+    processes.barrier()  # the last checkpoint is written before any process goes on
+    head = head.eval()
     report = {
         "config": asdict(cfg),
         "steps": total_steps,
@@ -308,6 +321,32 @@ def train_head(
         "wall_seconds": round(extra["wall_seconds"]),
         "final_loss": extra["history"][-1]["loss"] if extra["history"] else None,
         "first_loss": extra["history"][0]["loss"] if extra["history"] else None,
-        "heldout": evaluate(head, heldout, cfg, t2d, step_fn),
+        "num_processes": processes.world,
+        "num_processes_by_step": extra["num_processes"],  # a resumed run may have changed it
+        "global_batch_tokens": cfg.batch_tokens,  # padded tokens per optimizer step, over all processes
+        "heldout": evaluate(head, heldout, cfg, t2d, step_fn) if processes.is_main else {},
     }
     return head, report
+
+
+def share_of_positions(batch: dict[str, torch.Tensor], counts: bool, processes) -> float:
+    """This process's share of the global batch's loss positions (answer tokens with two predecessors, the
+    positions `Unroll.mask` counts); 1.0 with one process."""
+    if processes.world == 1:
+        return 1.0
+    ok = batch["valid"] & batch["response_mask"].bool()
+    mine = float(ok[:, 2:].sum()) if counts else 0.0
+    return mine / max(processes.total(mine), 1.0)
+
+
+def global_values(
+    loss: float, accs: list[float], parts: dict[str, float], weight: float, processes
+) -> tuple[float, list[float], dict[str, float]]:
+    """The global batch's loss, accuracies and loss parts from each process's, weighted by its share."""
+    if processes.world == 1:
+        return loss, accs, parts
+    values = torch.tensor([loss, *accs, *parts.values()], dtype=torch.float64) * weight
+    out = (
+        processes.accelerator.reduce(values.to(processes.accelerator.device), reduction="sum").cpu().tolist()
+    )
+    return out[0], out[1 : 1 + len(accs)], dict(zip(parts, out[1 + len(accs) :], strict=True))

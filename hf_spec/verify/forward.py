@@ -44,11 +44,11 @@ def target_forward(
 
 
 def verification_inputs(
-    model, root: torch.Tensor, tree: DraftTree, past: int
+    model, root: torch.Tensor, tree: DraftTree, past: int, backend=None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | dict | None]:
     """`(input_ids, position_ids, attention_mask)` of the verification forward of `[root] + tree` after `past`
     cached tokens: `(1, num_nodes + 1)` ids and positions; `None` mask for a chain (plain causal attention),
-    else the 4D tree mask (windowed for sliding-window models).
+    else the 4D tree mask (windowed for sliding-window models), built by `backend.tree_inputs` where given.
 
     Args:
         root: `torch.LongTensor` of shape `(1, 1)`, the last committed token.
@@ -57,9 +57,12 @@ def verification_inputs(
     input_ids = torch.cat([root, tree.tokens.view(1, -1).to(device)], dim=1)
     if tree.is_chain:  # an empty tree is a chain
         return input_ids, torch.arange(past, past + input_ids.shape[1], device=device).unsqueeze(0), None
-    position_ids = tree_position_ids(tree, past, device)
-    mask = sequence_mask(model, tree_attention_mask(tree, past, model.dtype, device), position_ids)
-    return input_ids, position_ids, mask
+    if backend is not None:
+        position_ids, mask = backend.tree_inputs(tree, past, model.dtype, device)
+    else:
+        position_ids = tree_position_ids(tree, past, device)
+        mask = tree_attention_mask(tree, past, model.dtype, device)
+    return input_ids, position_ids, sequence_mask(model, mask, position_ids)
 
 
 @torch.no_grad()
@@ -84,7 +87,7 @@ def time_verifications(drafter, state, sizes: list[int], repeats: int = 3) -> di
         # a chain with its last node moved one level up: a branching tree (one node is a chain, as in the loop)
         parents = list(range(-1, n - 2)) + [n - 3] if n > 1 else [-1]
         tree = DraftTree(torch.full((n,), int(root[0, 0])), torch.tensor(parents))
-        ids, positions, mask = verification_inputs(model, root, tree, past)
+        ids, positions, mask = verification_inputs(model, root, tree, past, profile.backend)
         seconds = []
         for _ in range(repeats + 1):
             t0 = time.perf_counter()

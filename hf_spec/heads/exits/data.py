@@ -3,28 +3,24 @@ tokenization, and the token frequencies that pick a draft vocabulary."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from pathlib import Path
 
 import torch
 
+from hf_spec.jsonl import jsonl_values, read_json, read_jsonl
+
 
 def load_training_rows(path: str | os.PathLike) -> list[dict]:
     """Rows `{"prompt": chat-templated text, "response": the target's own greedy response}` of a response cache
     (`responses/<target>.jsonl` under the training data folder)."""
     rows = []
-    with open(path) as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            if not isinstance(row.get("prompt"), str) or not isinstance(row.get("response"), str):
-                raise ValueError(
-                    f"{path}:{line_no}: a response-cache row needs string 'prompt' and 'response'"
-                )
-            rows.append(row)
+    for line_no, row in read_jsonl(path):
+        text = row if isinstance(row, dict) else {}
+        if not isinstance(text.get("prompt"), str) or not isinstance(text.get("response"), str):
+            raise ValueError(f"{path}:{line_no}: a response-cache row needs string 'prompt' and 'response'")
+        rows.append(row)
     if not rows:
         raise ValueError(f"{path} holds no training rows")
     return rows
@@ -48,17 +44,13 @@ def vocabulary_texts(path: str | os.PathLike) -> list[str]:
     `.jsonl` (instruction, inputs, outputs)."""
     path = Path(path)
     if path.suffix == ".json":
-        return [t["value"] for row in json.loads(path.read_text()) for t in row.get("conversations", [])]
+        return [t["value"] for row in read_json(path) for t in row.get("conversations", [])]
     texts = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            texts.append(row.get("instruction", ""))
-            texts += [
-                v
-                for inst in row.get("instances", [])
-                for v in (inst.get("input", ""), inst.get("output", ""))
-            ]
+    for row in jsonl_values(path):
+        texts.append(row.get("instruction", ""))
+        texts += [
+            v for inst in row.get("instances", []) for v in (inst.get("input", ""), inst.get("output", ""))
+        ]
     return [t for t in texts if t]
 
 

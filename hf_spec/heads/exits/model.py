@@ -20,6 +20,7 @@ from transformers import PreTrainedModel
 
 from hf_spec.heads.exits.config import MODEL_TYPE, ExitHeadsConfig
 from hf_spec.hub_ids import resolve_folder
+from hf_spec.integrity import check_finite, verify_checksums, write_checksums
 from hf_spec.kernels.skinny_linear import skinny_linear
 from hf_spec.kernels.weight_only import QuantizedWeight
 from hf_spec.models.fingerprint import check_fingerprint, target_fingerprint
@@ -107,6 +108,7 @@ class ExitHeads(nn.Module):
         if self.draft_vocab is not None:
             state["draft_vocab"] = self.draft_vocab.long().contiguous()
         save_file(state, str(path / WEIGHTS_NAME), metadata={"format": "pt"})
+        write_checksums(path, [WEIGHTS_NAME])  # last: a folder with a checksum list was written whole
         return path
 
     @classmethod
@@ -123,7 +125,13 @@ class ExitHeads(nn.Module):
             tensors = load_file(str(file))
         except Exception as err:  # noqa: BLE001 - safetensors' own errors: a truncated or foreign file
             raise ValueError(f"{file} is not a readable safetensors file ({err})") from None
+        verify_checksums(folder, f"the exit heads at {folder}")
+        check_finite(tensors, str(file))
         vocab = tensors.pop("draft_vocab", None)
+        if vocab is not None and model is not None and vocab.numel():
+            size = model.get_output_embeddings().weight.shape[0]
+            if not 0 <= int(vocab.min()) <= int(vocab.max()) < size:
+                raise ValueError(f"{file}: its draft vocabulary names token ids outside the target's {size}")
         state = {k.removeprefix("layers."): v.float() for k, v in tensors.items()}
         missing, unexpected = heads.adapters.load_state_dict(state, strict=False)
         if missing or unexpected:
@@ -165,7 +173,11 @@ class ExitLM:
     def quantize_head(self) -> None:
         """Compute the exit logits with an int8 copy of the LM-head rows used (drafts only: never the final
         verification's logits)."""
-        weight = self.parts.lm_head.weight.detach() if self.vocab_weight is None else self.vocab_weight
+        from hf_spec.engine.placement import resident_weight
+
+        weight = self.vocab_weight
+        if weight is None:
+            weight = resident_weight(self.parts.lm_head, "quantize copies the LM head").detach()
         self.head_int8 = QuantizedWeight.from_weight(weight, "int8", max_rows=32)
 
     def check_layers(self, *layers: int) -> None:

@@ -25,6 +25,7 @@ from hf_spec.heads.exits.data import frequent_tokens, load_training_rows, tokeni
 from hf_spec.heads.exits.features import Features, Progress, extract_cached, extract_features
 from hf_spec.heads.exits.model import ExitHeads
 from hf_spec.models.layers import decoder_parts
+from hf_spec.training.distributed import current_processes
 from hf_spec.training.trainer import check_resumable
 
 
@@ -88,7 +89,10 @@ def train_heads(
 ) -> list[float]:
     """Adam on every head at once (one shared batch and candidate set per step); returns the mean loss over heads
     per step. Resumes from `checkpoint` when it exists and saves it every `save_every` steps; batches depend only
-    on `(seed, step)`, so a resumed run draws the same batches as an uninterrupted one."""
+    on `(seed, step)`, so a resumed run draws the same batches as an uninterrupted one. Under `accelerate launch`
+    each process takes its share of every batch's positions (`hf_spec.training.distributed`); the main process
+    alone saves the checkpoint and shows progress."""
+    processes = current_processes()
     model.requires_grad_(False)
     heads.to(decoder_parts(model).lm_head.weight.device).train()
     params = [p for p in heads.parameters() if p.requires_grad]
@@ -117,11 +121,18 @@ def train_heads(
         start, history = state["step"], state["history"]
     vocab = decoder_parts(model).lm_head.weight.shape[0]
     n = len(features)
-    bar = progress(total=steps, initial=start, desc="exit heads", unit="step") if progress else None
+    show = progress if processes.is_main else None
+    bar = show(total=steps, initial=start, desc="exit heads", unit="step") if show else None
+    processes.barrier()  # every process has read the checkpoint before the main one writes the next
     for step in range(start, steps):
         g = torch.Generator().manual_seed(seed * 1_000_003 + step)
-        idx = torch.randint(0, n, (min(batch_size, n),), generator=g)
-        cand = candidate_set(features.top_ids[idx], vocab, negatives, g)
+        batch = torch.randint(0, n, (min(batch_size, n),), generator=g)
+        # the candidates of the whole batch, the same on every process
+        cand = candidate_set(features.top_ids[batch], vocab, negatives, g)
+        mine, counts = processes.shard(batch.tolist())
+        idx = torch.tensor(mine)
+        # the loss is a mean over positions: this process's share of them (1 with one process)
+        weight = (len(mine) / len(batch) if counts else 0.0) if processes.world > 1 else 1.0
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, steps, lr, warmup=min(20, steps // 10 + 1))
         opt.zero_grad(set_to_none=True)
@@ -136,14 +147,15 @@ def train_heads(
                 features.top_probs[idx],
                 cand,
             )
-            loss.backward()
-            total += loss.item()
+            (loss * weight if processes.world > 1 else loss).backward()
+            total += loss.item() * weight
+        processes.sum_gradients(params)
         opt.step()
-        history.append(total / len(heads.config.layers))
+        history.append(processes.total(total) / len(heads.config.layers))
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{history[-1]:.3f}")
-        if ckpt is not None and ((step + 1) % save_every == 0 or step + 1 == steps):
+        if processes.is_main and ckpt is not None and ((step + 1) % save_every == 0 or step + 1 == steps):
             tmp = ckpt.with_suffix(".tmp")
             torch.save(
                 {
@@ -158,6 +170,7 @@ def train_heads(
             os.replace(tmp, ckpt)
     if bar is not None:
         bar.close()
+    processes.barrier()  # the last checkpoint is written before any process goes on
     heads.eval()
     return history
 

@@ -3,6 +3,8 @@
 | format | method | where it comes from | detected by |
 |---|---|---|---|
 | `eagle` | `eagle` | EAGLE-1/2 heads of the EAGLE authors (SafeAILab/EAGLE) | `fc.weight` [H, 2H] + `layers.0.*` |
+| `eagle3` | `eagle3` | EAGLE-3 heads: the EAGLE authors', SpecForge/SGLang, hf-spec | `midlayer.*` keys |
+| `eagle3` | `eagle3` | EAGLE-3 heads of vLLM's speculators | `speculators_model_type: "eagle3"`, `layers.0.hidden_norm` |
 
 `load_published_head(folder, target, method, name)` is what a drafter's loader calls when a head folder is not
 one of hf-spec's own (`config.json` without an `hf_spec_*` model type).
@@ -17,15 +19,17 @@ from transformers import PreTrainedModel
 
 from hf_spec.heads.base import DraftHeadModel
 from hf_spec.heads.published.eagle import is_eagle_checkpoint, load_eagle_head
+from hf_spec.heads.published.eagle3 import is_eagle3_checkpoint, load_eagle3_checkpoint
+from hf_spec.heads.published.eagle3_model import Eagle3Head
 from hf_spec.heads.published.files import read_config, read_weights
 
 
 def detect_format(config: dict[str, Any], tensors: dict) -> str | None:
     """The published format of a checkpoint (`"eagle"`, `"eagle3"`), or None when it is none of them."""
+    if is_eagle3_checkpoint(config, tensors):  # first: a speculators EAGLE-3 head has `layers.0.*` keys too
+        return "eagle3"
     if is_eagle_checkpoint(config, tensors):
         return "eagle"
-    if any(k.startswith("midlayer.") for k in tensors):
-        return "eagle3"
     return None
 
 
@@ -39,7 +43,7 @@ def is_published_config(config: dict[str, Any]) -> bool:
 
 def load_published_head(
     folder: str | os.PathLike, target: PreTrainedModel, method: str, name: str | None = None
-) -> DraftHeadModel | None:
+) -> DraftHeadModel | Eagle3Head | None:
     """The head in `folder` (named `name` by the user: a path or Hub id) for `method`, checked against `target`;
     None when `folder` is not a published head at all. A published head of another method is refused with an
     error naming the method to use."""
@@ -54,6 +58,8 @@ def load_published_head(
     if found != method:
         label = {"eagle": "EAGLE-1/2", "eagle3": "EAGLE-3"}[found]
         raise ValueError(f"{what} is a published {label} head: use {found}:{name or os.fspath(folder)}")
+    if found == "eagle3":
+        return load_eagle3_checkpoint(folder, target, what, config, tensors)
     return load_eagle_head(config, tensors, target, what)
 
 

@@ -15,6 +15,23 @@ from hf_spec.verify.cache import cache_kwargs, compact_cache, crop_cache
 from hf_spec.verify.windows import sequence_mask, target_cache
 
 
+def load_draft_model(name_or_path: str | None, target: PreTrainedModel) -> PreTrainedModel:
+    """The draft model's weights (a known model name, folder or Hub id) in the target's dtype, on its device; its
+    tokenizer is not needed (the vocabularies are compared instead)."""
+    if not name_or_path:
+        raise ValueError("draft-model needs a draft model: `draft-model:<name or path>`")
+    from transformers import AutoModelForCausalLM
+
+    from hf_spec.models import resolve_model
+
+    path = resolve_model(name_or_path)
+    try:
+        draft = AutoModelForCausalLM.from_pretrained(path, dtype=target.dtype)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"cannot load the draft model {name_or_path!r} ({path}): {err}") from None
+    return draft.to(target.device).eval()
+
+
 class DraftModelDrafter(Drafter, StepwiseDrafter):
     """Greedy chain (plus optional sibling leaves) from a separate small model with its own KV cache."""
 
@@ -25,12 +42,7 @@ class DraftModelDrafter(Drafter, StepwiseDrafter):
     ):
         super().__init__(config, model, tokenizer)
         if draft_model is None:
-            if not config.model:
-                raise ValueError("draft-model needs a draft model: `draft-model:<name or path>`")
-            from hf_spec.models import load_model
-
-            draft_model, _ = load_model(config.model, dtype=model.dtype)
-            draft_model.to(model.device)
+            draft_model = load_draft_model(config.model, model)
         elif draft_model.device != model.device:
             raise ValueError(
                 f"the draft model is on {draft_model.device}, the target on {model.device}: "
@@ -47,6 +59,10 @@ class DraftModelDrafter(Drafter, StepwiseDrafter):
         self.cache: DynamicCache | None = None
         self.cached = 0  # draft cache holds input_ids[:cached] plus self.pending drafted tokens
         self.pending: list[int] = []
+
+    def for_another_row(self) -> DraftModelDrafter:
+        """A drafter sharing this one's loaded draft model, with its own draft cache."""
+        return type(self)(self.config, self.model, self.tokenizer, draft_model=self.draft)
 
     def begin(self, state: SpecState) -> None:
         self.cache = target_cache(self.draft)

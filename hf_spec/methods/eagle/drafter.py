@@ -51,8 +51,14 @@ class EagleDrafter(HeadDrafter, EagleStepper):
         """Head states `(n, H)` -> log-probabilities over the draft vocabulary `(n, V_draft)`."""
         return torch.log_softmax(self.lm_logits(self.head.parts.norm(h)).float(), dim=-1)
 
+    def _top(self, h: torch.Tensor) -> tuple[list[list[float]], list[list[int]]]:
+        """Head states `(n, H)` -> each row's `topk` best children: log-probabilities over the draft vocabulary and
+        their target token ids (the backend's top-k; one read of each)."""
+        values, indices = self.backend.draft_topk(self.lm_logits(self.head.parts.norm(h)), self.config.topk)
+        return values.tolist(), self.head.d2t[indices].tolist()
+
     def _grow(self, h_root: torch.Tensor, root_pos: int, depth: int) -> DraftTree:
-        cfg, d2t = self.config, self.head.d2t
+        cfg = self.config
         committed = cache_length(self.cache)
         tokens: list[int] = []
         parents: list[int] = []
@@ -61,26 +67,28 @@ class EagleDrafter(HeadDrafter, EagleStepper):
         slot_of: dict[int, int] = {}  # node -> head-cache slot (fed nodes only)
         source_h: list[torch.Tensor] = []  # the head state each node was predicted from
 
-        def add_children(parent: int, h: torch.Tensor, logp: torch.Tensor, base: float, level: int) -> None:
-            top = torch.topk(logp, cfg.topk)
-            for lp, idx in zip(top.values.tolist(), top.indices.tolist(), strict=True):
-                tokens.append(int(d2t[idx]))
+        def add_children(
+            parent: int, h: torch.Tensor, logps: list[float], ids: list[int], base: float, level: int
+        ) -> None:
+            for lp, token in zip(logps, ids, strict=True):
+                tokens.append(token)
                 parents.append(parent)
                 scores.append(base + lp)
                 depths.append(level)
                 source_h.append(h)
 
-        add_children(-1, h_root, self._logp(h_root[None])[0], 0.0, 1)
+        logps, ids = self._top(h_root[None])
+        add_children(-1, h_root, logps[0], ids[0], 0.0, 1)
         level_nodes = list(range(len(tokens)))
         try:
             for level in range(2, depth + 1):
                 beam = sorted(level_nodes, key=lambda i: -scores[i])[: cfg.topk]
                 h = self._feed(beam, tokens, parents, source_h, slot_of, committed, root_pos + level - 1)
-                logp = self._logp(h)
+                logps, ids = self._top(h)
                 level_nodes = []
                 for row, node in enumerate(beam):
                     start = len(tokens)
-                    add_children(node, h[row], logp[row], scores[node], level)
+                    add_children(node, h[row], logps[row], ids[row], scores[node], level)
                     level_nodes.extend(range(start, len(tokens)))
         finally:
             crop_cache(self.cache, committed)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import copy
 from typing import NamedTuple
 
 import torch
@@ -56,6 +57,12 @@ class EarlyExitDrafter(Drafter, StepwiseDrafter):
         super().__init__(config, model, tokenizer)
         self.parts = decoder_parts(model)
         self.exit_layer, self.exits, self.quantized = exit_draft_parts(config, model)
+
+    def for_another_row(self) -> EarlyExitDrafter:
+        """A drafter sharing this one's exit LM and packed weights; its step-wise state is its own."""
+        twin = copy.copy(self)
+        twin.__dict__ = {k: v for k, v in self.__dict__.items() if not k.startswith("_step")}
+        return twin
 
     def begin(self, state: SpecState) -> None:
         self.parts.check_window(state.generation_config.max_length, "early exit")

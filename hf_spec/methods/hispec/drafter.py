@@ -26,6 +26,7 @@ distributed exactly as plain sampling's.
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -83,6 +84,12 @@ class HiSpecDrafter(Drafter):
         self.exits.check_layers(self.draft_layer, self.verify_layer)
         self.counts: Counter = Counter()
         self._round: HiSpecRound | None = None
+
+    def for_another_row(self) -> HiSpecDrafter:
+        """A drafter sharing this one's exit LM, with counters and round state of its own."""
+        twin = copy.copy(self)
+        twin.counts, twin._round = Counter(), None
+        return twin
 
     def begin(self, state: SpecState) -> None:
         if not state.uses_verify_forward:

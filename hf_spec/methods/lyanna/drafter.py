@@ -9,7 +9,7 @@ from hf_spec.heads.lyanna.modeling import LyannaHeadModel
 from hf_spec.methods.base import RoundResult, SpecState
 from hf_spec.methods.head_drafter import HeadDrafter, load_draft_head
 from hf_spec.methods.lyanna.config import LyannaConfig
-from hf_spec.methods.lyanna.token_tree import token_info_tree
+from hf_spec.methods.lyanna.token_tree import LowRankTokenInfo, token_info_tree
 from hf_spec.tree.draft_tree import DraftTree
 from hf_spec.tree.scored import ScoredTree, fuse_scored, prune_scored
 from hf_spec.verify.cache import cache_length, crop_cache
@@ -51,11 +51,7 @@ class LyannaDrafter(HeadDrafter):
 
             return lookup
 
-        def lowrank(ids: torch.Tensor) -> torch.Tensor:
-            with torch.no_grad():
-                return head.token_info(ids)[..., :cols] * (row_of[ids] >= 0).unsqueeze(-1)
-
-        return lowrank
+        return LowRankTokenInfo(head, cols, row_of)
 
     # ---- committed positions (as in EAGLE: the head's cache is teacher-forced with target features) --------
     def begin(self, state: SpecState) -> None:
@@ -75,7 +71,7 @@ class LyannaDrafter(HeadDrafter):
         ):
             bonus = result.new_tokens[-1]
             tree = token_info_tree(
-                remaining, self.token_info, self.head.d2t, self.config.topk, root_token=bonus
+                remaining, self.token_info, self.head.d2t, self.config.topk, bonus, self.backend
             )
             self.resampled = prune_scored(tree, self.config.resample_budget)
             self.resample_count += 1
@@ -104,9 +100,10 @@ class LyannaDrafter(HeadDrafter):
             chain = self._chain(h_root, state.seq_len - 1, depth)  # [depth, H]
             # ONE LM-head call for the whole chain: [depth, V_draft]
             self.chain_logits = self.lm_logits(self.head.parts.norm(chain))
-        tree = prune_scored(
-            token_info_tree(self.chain_logits, self.token_info, self.head.d2t, cfg.topk), cfg.budget
+        level_tree = token_info_tree(
+            self.chain_logits, self.token_info, self.head.d2t, cfg.topk, None, self.backend
         )
+        tree = prune_scored(level_tree, cfg.budget)
         if self.resampled is not None:  # verification fusion
             tree = fuse_scored(tree, self.resampled)
             self.resampled = None

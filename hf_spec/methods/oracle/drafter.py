@@ -18,6 +18,12 @@ class OracleDrafter(Drafter):
         self.reference: list[int] | None = None
         self._given = False
 
+    def for_another_row(self) -> OracleDrafter:
+        """A drafter replaying the same given reference (where the prompt matches it)."""
+        twin = type(self)(self.config, self.model, self.tokenizer)
+        twin.reference, twin._given = self.reference, self._given
+        return twin
+
     def set_reference(self, sequence: torch.Tensor | list[int]) -> None:
         """`sequence`: prompt + continuation, `(1, length)` or a flat list."""
         self.reference = torch.as_tensor(sequence).reshape(-1).tolist()

@@ -26,14 +26,26 @@ episode is bounded by `max_calls`, so gamma = 1 (no discount) is well defined an
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
 import random
 from pathlib import Path
 
+from hf_spec.integrity import verify_json_checksum, with_json_checksum, write_json_atomic
+
 CONTINUE, STOP = 0, 1
 FORMAT = "hf-spec-precut-qtable"
+
+
+def is_q_table(path: str | os.PathLike) -> bool:
+    """A file holding a saved Pre-cut Q-table (one a new table may replace)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("format") == FORMAT
 
 
 class PreCutController:
@@ -125,10 +137,8 @@ class PreCutController:
         }
 
     def save(self, path: str | os.PathLike) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
-        return path
+        """Write the table (with the checksum of its content, checked at load) through a temporary file."""
+        return write_json_atomic(path, with_json_checksum(self.to_dict()))
 
     def load(self, path: str | os.PathLike) -> None:
         """Replace the table by a saved one; its state layout must match this controller's."""
@@ -138,6 +148,10 @@ class PreCutController:
             raise FileNotFoundError(f"no Pre-cut Q-table at {path}") from None
         except (OSError, json.JSONDecodeError) as err:
             raise ValueError(f"cannot read a Pre-cut Q-table from {path}: {err}") from None
+        if isinstance(data, dict):  # the table is checked on a copy of this controller, then its checksum
+            data = verify_json_checksum(
+                data, f"the Pre-cut Q-table {path}", lambda body: copy.copy(self).load_dict(body, str(path))
+            )
         self.load_dict(data, str(path))
 
     def load_dict(self, data: dict, where: str = "Q-table") -> None:

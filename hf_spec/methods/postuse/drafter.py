@@ -83,6 +83,7 @@ class PostUseDrafter(Drafter):
         self.inner = inner if inner is not None else build_drafter(config.drafter, model, tokenizer)
         check_wrappable(self.inner, "postuse")
         self.requires_hidden_states = self.inner.requires_hidden_states
+        self.hidden_state_layers = self.inner.hidden_state_layers
         self.stepwise = isinstance(self.inner, StepwiseDrafter)
         if (config.reuse_draft or config.precut) and not self.stepwise:
             raise ValueError(
@@ -117,6 +118,13 @@ class PostUseDrafter(Drafter):
         self.verification_costs: dict[int, float] = {}  # {tree nodes: seconds} behind that measurement
 
     # ---- lifecycle ----------------------------------------------------------------------------------
+    def for_another_row(self) -> PostUseDrafter:
+        """A wrapper around a copy of the inner drafter (sharing its loaded parts), with a token cache, controller
+        and counters of its own; the measured tree budget is kept."""
+        twin = type(self)(self.config, self.model, self.tokenizer, inner=self.inner.for_another_row())
+        twin.tree_budget, twin.verification_costs = self.tree_budget, dict(self.verification_costs)
+        return twin
+
     def begin(self, state: SpecState) -> None:
         if self.tree_budget is None and state.uses_verify_forward and state.cache is not None:
             self._measure_tree_budget(state)

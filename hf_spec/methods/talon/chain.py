@@ -15,6 +15,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from hf_spec.datastore.sources import ExitHead
+from hf_spec.engine.placement import input_device
 from hf_spec.kernels.weight_only import QuantizedWeight, draft_linears
 from hf_spec.models.layers import decoder_parts, run_layers
 from hf_spec.tree.masks import causal_mask
@@ -95,7 +96,7 @@ class ExitChain:
 
     def _step(self) -> None:
         parts = self.parts
-        device = parts.embed_tokens.weight.device
+        device = input_device(self.model)  # an offloaded embedding's weight is a `meta` placeholder
         ids = torch.tensor([self.seq[self.cached :]], device=device)
         q = ids.shape[1]
         positions = torch.arange(self.cached, self.cached + q, device=device).unsqueeze(0)

@@ -88,6 +88,7 @@ class TalonDrafter(Drafter):
                 self.sub = get_method(sub_config.method).drafter_cls(sub_config, model, tokenizer)
                 check_wrappable(self.sub, "talon")
                 self.requires_hidden_states = self.sub.requires_hidden_states
+                self.hidden_state_layers = self.sub.hidden_state_layers
         self.worker: DraftWorker | None = None
         self._round: TalonRound | None = None
         self.switch = (

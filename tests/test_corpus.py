@@ -1,0 +1,195 @@
+"""The fixed-text corpus builder (`training/corpus.py`): chunking, the readers, the refusal of evaluation prompts
+(by path and by overlapping text), capture order and caps, and the committed manifests' provenance."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from hf_spec.training.corpus import (
+    Document,
+    EvalFilter,
+    Source,
+    answers,
+    build_corpus,
+    chunk_text,
+    documents_from_file,
+    documents_from_tree,
+    load_corpus,
+    read_documents,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_EVAL = REPO.parent / "shared" / "data" / "eval"
+EVAL_QUESTION = (
+    "Compose an engaging travel blog post about a recent trip to Hawaii, highlighting cultural experiences"
+)
+
+
+def doc(i: int, text: str, source: str = "s") -> Document:
+    return Document(f"{source}/{i}", source, (("user", "Explain."), ("assistant", text)))
+
+
+def eval_filter(tmp_path: Path) -> EvalFilter:
+    path = tmp_path / "eval" / "bench.jsonl"
+    path.parent.mkdir()
+    rows = [{"question_id": 1, "turns": [EVAL_QUESTION]}, {"turns": ["Name six rivers of Europe please"]}]
+    rows.append({"turns": ["Hi there"], "reference": ["def add(a, b):\n    return a + b"]})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return EvalFilter.from_files([path])
+
+
+def test_chunk_text_cuts_at_blank_lines_and_keeps_every_character():
+    short = "".join(f"paragraph {i}\n" + "word " * (i % 20) + "\n\n" for i in range(40))  # paragraphs < 200
+    pieces = chunk_text(short, 200)
+    assert "".join(pieces) == short and all(len(p) <= 200 for p in pieces)
+    assert all(p.endswith("\n\n") for p in pieces)  # every cut at a paragraph's end
+    long = "line of words\n" * 40 + "x" * 450  # one paragraph: cut at line ends, an overlong line anywhere
+    pieces = chunk_text(long, 200)
+    assert "".join(pieces) == long and all(len(p) <= 200 for p in pieces)
+    assert all(p.endswith("\n") for p in pieces[:2])
+    with pytest.raises(ValueError, match="max_chars"):
+        chunk_text(long, 0)
+
+
+def test_eval_filter_drops_overlapping_text(tmp_path):
+    filt = eval_filter(tmp_path)
+    assert filt.overlaps(f"My notes.\n{EVAL_QUESTION.upper()} and more")  # case and spacing do not hide it
+    assert filt.overlaps("Sure: name six rivers of Europe, please!")  # a short question is matched whole
+    assert not filt.overlaps("Compose an engaging travel blog post about a recent trip to Spain")
+    assert not filt.overlaps("Hi there, how are you?")  # under 6 words: too generic to match on
+    assert filt.overlaps("x = 1\ndef add(a, b):\n    return a + b\n")  # references count too
+    with pytest.raises(ValueError, match="no evaluation text"):
+        EvalFilter.from_files([])
+
+
+@pytest.mark.skipif(not SHARED_EVAL.is_dir(), reason="needs ../shared/data/eval")
+def test_the_real_evaluation_sets_are_caught():
+    filt = EvalFilter.from_files(sorted(SHARED_EVAL.glob("*.jsonl")))
+    for path in sorted(SHARED_EVAL.glob("*.jsonl")):
+        row = json.loads(path.read_text().splitlines()[3])
+        assert filt.overlaps("Some answer first.\n\n" + row["turns"][0]), path.name
+    assert not filt.overlaps(
+        "import os\n\ndef walk(top):\n    for root, dirs, files in os.walk(top):\n        yield root"
+    )
+
+
+def test_build_corpus_refuses_eval_overlap_orders_and_caps(tmp_path):
+    filt = eval_filter(tmp_path)
+    first = [doc(i, f"answer number {i} " * 5, "answers") for i in range(5)]
+    rest = [doc(i, f"text {i} " * 40) for i in range(20)] + [doc(99, "Intro. " + EVAL_QUESTION)]
+    out = tmp_path / "corpus" / "c.jsonl"
+    manifest = build_corpus(
+        [
+            (Source("s", "MIT", "somewhere", max_tokens=300), rest),
+            (Source("answers", "Apache-2.0", "the target", priority=0), first),
+        ],
+        filt,
+        out,
+    )
+    docs = read_documents(out)
+    assert [d.source for d in docs[:5]] == ["answers"] * 5  # priority 0 first
+    assert all(d.id != "s/99" for d in docs)
+    assert manifest["sources"]["s"]["dropped_eval_overlap"] == 1
+    assert (
+        manifest["sources"]["s"]["licence"] == "MIT"
+        and manifest["sources"]["answers"]["origin"] == "the target"
+    )
+    kept = manifest["sources"]["s"]["characters"]
+    assert 300 * 3.5 <= kept < 300 * 3.5 + 400  # the cap: about 300 tokens, one document over at most
+    assert manifest["sha256"] == hashlib.sha256(out.read_bytes()).hexdigest()
+    again = build_corpus(
+        [
+            (Source("s", "MIT", "somewhere", max_tokens=300), rest),
+            (Source("answers", "x", "y", priority=0), first),
+        ],
+        filt,
+        tmp_path / "e.jsonl",
+    )
+    assert again["sha256"] == manifest["sha256"]  # the same seed, the same corpus
+    alone = build_corpus(
+        [(Source("s", "MIT", "somewhere", max_tokens=300), rest)], filt, tmp_path / "g.jsonl"
+    )
+    kept_alone = {d.id for d in read_documents(tmp_path / "g.jsonl")}
+    assert kept_alone == {
+        d.id for d in docs if d.source == "s"
+    }  # a source's sample ignores the other sources
+    assert alone["sources"]["s"] == manifest["sources"]["s"]
+    with pytest.raises(ValueError, match="given twice"):
+        build_corpus(
+            [(Source("s", "a", "b"), rest), (Source("s", "a", "b"), first)], filt, tmp_path / "f.jsonl"
+        )
+
+
+def test_eval_files_are_refused_as_sources(tmp_path):
+    bench = tmp_path / "eval" / "questions.jsonl"
+    bench.parent.mkdir()
+    bench.write_text(json.dumps({"text": "a question"}) + "\n")
+    with pytest.raises(ValueError, match="evaluation prompt set"):
+        documents_from_file("x", bench)
+    tree = tmp_path / "pkg"
+    tree.mkdir()
+    (tree / "humaneval_tasks.py").write_text("x = 1\n")
+    with pytest.raises(ValueError, match="evaluation prompt set"):
+        documents_from_tree("x", tree, ["*.py"], "Show `{path}`{part}.")
+
+
+def test_readers(tmp_path):
+    tree = tmp_path / "pkg"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "sub" / "mod.py").write_text("def f():\n    return 1\n\n" * 200)
+    (tree / "data.py").write_text("TABLE = '" + "x" * 5000 + "'\n")  # data, not code: skipped
+    (tree / "CHANGES.py").write_text("x = 1\n")
+    docs = documents_from_tree("pkg", tree, ["**/*.py"], "Show `{path}`{part}.", exclude=["CHANGES"])
+    assert {d.id.split("#")[0] for d in docs} == {"pkg/sub/mod.py"}
+    assert docs[0].messages[0] == ("user", f"Show `sub/mod.py` (part 1 of {len(docs)}).")
+    sharegpt = tmp_path / "chats.json"
+    sharegpt.write_text(
+        json.dumps(
+            [
+                {
+                    "id": "a",
+                    "conversations": [{"from": "human", "value": "Hi?"}, {"from": "gpt", "value": "Hello."}],
+                },
+                {"id": "b", "conversations": [{"from": "human", "value": "Only a question"}]},
+            ]
+        )
+    )
+    chats = documents_from_file("sg", sharegpt)
+    assert chats[0].messages == (("user", "Hi?"), ("assistant", "Hello.")) and chats[0].train_roles == (
+        "assistant",
+    )
+    assert chats[1].train_roles == ("user",)  # a first turn alone: trained as user text
+    alpaca = tmp_path / "tasks.jsonl"
+    alpaca.write_text(
+        json.dumps({"instruction": "Add.", "instances": [{"input": "1+1", "output": "2"}]}) + "\n"
+    )
+    assert documents_from_file("al", alpaca)[0].messages == (("user", "Add.\n\n1+1"), ("assistant", "2"))
+    text = tmp_path / "book.txt"
+    text.write_text("A story.\n\n" * 10)
+    assert documents_from_file("book", text)[0].messages[0][0] == "assistant"
+    responses = tmp_path / "responses.jsonl"
+    responses.write_text(json.dumps({"id": "a", "response": "Hello there."}) + "\n")
+    assert answers("ans", responses, sharegpt)[0].messages == (("user", "Hi?"), ("assistant", "Hello there."))
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(chats[0].to_json() + "\n")
+    assert load_corpus(corpus) == [chats[0]] and load_corpus(sharegpt)[0].source == "chats"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"id": 1, "source": "s", "messages": [["robot", "x"]]}) + "\n")
+    with pytest.raises(ValueError, match="roles"):
+        read_documents(bad)
+
+
+@pytest.mark.parametrize("target", ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"])
+def test_committed_manifest_names_licence_and_origin_of_every_source(target):
+    manifest = json.loads((REPO / "data" / "corpus" / f"manifest-{target}.json").read_text())
+    provenance = (REPO / "data" / "corpus" / "PROVENANCE.md").read_text()
+    assert manifest["tokens"] >= 4_000_000
+    assert manifest["tokens"] == sum(s["tokens"] for s in manifest["sources"].values())
+    assert {"spec_bench_dev.jsonl", "humaneval_80.jsonl"} <= set(manifest["eval_files"])
+    for name, source in manifest["sources"].items():
+        assert source["licence"] and source["origin"], name
+        assert f"`{name}`" in provenance, f"{name} missing from data/corpus/PROVENANCE.md"
