@@ -242,7 +242,7 @@ class Eagle3Head(nn.Module):
         self.lm_head = nn.Linear(hidden, config.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))  # [draft_vocab]
         self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))  # [vocab]
-        self.t2d[: config.draft_vocab_size] = True  # until `set_vocab_mapping`: the first draft_vocab_size ids
+        self.t2d[: config.draft_vocab_size] = True  # the identity mapping until `set_vocab_mapping`
         self.rotary_emb = LlamaRotaryEmbedding(config=config.layer_config())  # inv_freq: not persistent
         self._target_embeddings: list[nn.Module] = []  # the target's embedding, kept out of the state dict
 
