@@ -1,4 +1,4 @@
-"""Kernel backends: which implementation runs the target's and the drafters' forwards.
+"""Kernel backends: which implementation runs the target's and the drafters' forwards, and the round's own work.
 
 A backend is chosen once per target (model, dtype, device; see `hf_spec.engine.profile`) and entered as a context
 around the two kinds of forward a round makes:
@@ -8,8 +8,8 @@ around the two kinds of forward a round makes:
 - `attention(config)` / `packed_linears(module, weights)`: a draft head's layer attention and its packed weights;
 - `plain_decoding(model)`: transformers' own loop, where a batch is decoded without speculation.
 
-and it does the round's own work on the device where it has kernels for it (each method's default is the torch code
-the loop runs without them):
+A backend also does the round's own work where it has kernels for it (each method's default is the torch code the
+loop runs without them):
 
 - `accept(...)`: accepting a verified tree (None: the loop's host rules in `hf_spec.engine.commit`);
 - `compact_cache(cache, past, keep)`: keeping the root's and the accepted nodes' cache slots;
