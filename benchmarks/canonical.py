@@ -75,6 +75,7 @@ METHODS = {
     "pld": "prompt lookup: n-gram continuations of the prompt and output, merged into one tree",
     "retrieval": "suffix matches in a datastore and the context, as a pruned trie",
     "eagle": "EAGLE-2 dynamic trees from an EAGLE or HASS draft head",
+    "eagle3": "EAGLE-2 dynamic trees from an EAGLE-3 head reading three inner target layers",
     "lyanna": "a hidden-state chain head, token-info trees, re-sampling of rejected branches",
     "postuse": "Post-use token cache + Pre-cut draft-length controller around another drafter",
     "hispec": "early exit checked by a deeper exit before the full model",
