@@ -74,7 +74,8 @@ def measured_rows(folder: Path, results_files: list[str]) -> list[dict]:
                         "machine": f"{machine['cpu']}, {machine['torch_threads']} threads, "
                         f"{machine.get('dtype', 'float32')}",
                         "date": machine["date"].split(" ")[0],
-                        "command": results.get("command", ""),
+                        # the command that reruns the whole measurement (the canonical run's), else the bench's
+                        "command": results.get("canonical", {}).get("command") or results.get("command", ""),
                     }
                 )
     return rows

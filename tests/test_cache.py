@@ -57,7 +57,7 @@ def test_the_cache_goes_by_the_name_the_installed_transformers_uses(tiny_llama):
     from transformers.generation.utils import GenerateDecoderOnlyOutput
 
     from hf_spec import SpeculativeDecoder
-    from hf_spec.verify.cache import GENERATE_CACHE_KEY, OUTPUT_CACHE_FIELD, cache_kwargs, passed_cache
+    from hf_spec.compat import GENERATE_CACHE_KEY, OUTPUT_CACHE_FIELD, cache_kwargs, passed_cache
 
     cache = DynamicCache()
     layer = tiny_llama.model.layers[0]

@@ -179,6 +179,20 @@ def test_the_first_drafter_is_used_alone_and_copies_share_loaded_parts(target, t
         assert again is first
 
 
+@pytest.mark.parametrize("case", ["talon", "talon-async"])
+def test_talon_copies_share_the_exit_lm_and_datastore(case, target, tmp_path):
+    """A copy of a Talon drafter keeps its own chain cache and round state but not a second exit LM."""
+    dec = SpeculativeDecoder(CASES[case](target, tmp_path))
+    with dec.lend(target, 2) as (first, copy):
+        assert copy.chain is not first.chain and copy.chain.head is first.chain.head
+        assert copy.chain.quantized.keys() == first.chain.quantized.keys()  # packed weights shared, not repacked
+        assert all(copy.chain.quantized[k] is v for k, v in first.chain.quantized.items())
+        assert copy.rounds is not first.rounds
+        if first.retriever is not None:
+            assert copy.retriever is not first.retriever
+            assert copy.retriever.datastore is first.retriever.datastore
+
+
 def test_assisted_loop_of_transformers_under_threads(target):
     dec = SpeculativeDecoder("pld")
     want = [

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from transformers import DynamicCache, GenerationConfig
 
 from hf_spec import SpeculativeDecoder
+from hf_spec.compat import cache_kwargs
 from hf_spec.methods.base import SpecState
 from hf_spec.methods.draft_model.config import DraftModelConfig
 from hf_spec.methods.draft_model.drafter import DraftModelDrafter
@@ -24,7 +25,6 @@ from hf_spec.registry import parse_method
 from hf_spec.tree.draft_tree import DraftTree
 from hf_spec.tree.fusion import graft
 from hf_spec.tree.masks import tree_attention_mask, tree_position_ids
-from hf_spec.verify.cache import cache_kwargs
 from hf_spec.verify.forward import flat_tree_budget, time_verifications
 from tests.conftest import CACHE, make_tiny_model, prompt_ids
 from tests.stats import sampled_marginals_pvalues

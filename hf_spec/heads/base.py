@@ -10,9 +10,9 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
+from hf_spec.compat import cache_kwargs
 from hf_spec.heads.family import build_layer_config, family_classes, layer_config_dict
 from hf_spec.models.fingerprint import check_fingerprint, target_fingerprint
-from hf_spec.verify.cache import cache_kwargs
 
 
 class DraftHeadConfig(PretrainedConfig):

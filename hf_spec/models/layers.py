@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from transformers import Cache, PreTrainedModel
 
-from hf_spec.verify.cache import cache_kwargs
+from hf_spec.compat import cache_kwargs
 from hf_spec.verify.windows import attention_windows
 
 

@@ -5,13 +5,6 @@ from __future__ import annotations
 import torch
 from transformers import Cache
 
-from hf_spec.compat import (  # noqa: F401 - re-exported: the cache's name is a transformers-version shim
-    GENERATE_CACHE_KEY,
-    OUTPUT_CACHE_FIELD,
-    cache_kwargs,
-    passed_cache,
-)
-
 
 def cache_layers(cache: Cache):
     """The cache's layers, each a full-attention `DynamicLayer` hf-spec can crop and reorder (else `TypeError`)."""

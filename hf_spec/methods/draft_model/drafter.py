@@ -6,12 +6,13 @@ from collections.abc import Iterator
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from hf_spec.compat import cache_kwargs
 from hf_spec.engine.profile import target_profile
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
 from hf_spec.methods.draft_model.config import DraftModelConfig
 from hf_spec.methods.stepwise import StepwiseDrafter
 from hf_spec.tree.draft_tree import DraftTree
-from hf_spec.verify.cache import cache_kwargs, compact_cache, crop_cache
+from hf_spec.verify.cache import compact_cache, crop_cache
 from hf_spec.verify.windows import sequence_mask, target_cache
 
 

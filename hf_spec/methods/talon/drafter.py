@@ -3,6 +3,7 @@ optionally drafting ahead on a worker thread (async mode) or the target pre-veri
 
 from __future__ import annotations
 
+import copy
 import functools
 import time
 from typing import NamedTuple
@@ -89,13 +90,18 @@ class TalonDrafter(Drafter):
                 check_wrappable(self.sub, "talon")
                 self.requires_hidden_states = self.sub.requires_hidden_states
                 self.hidden_state_layers = self.sub.hidden_state_layers
+        self._fresh_round_state()
+
+    def _fresh_round_state(self) -> None:
+        """The state one generation builds up: worker, switch, counters, the round in flight."""
+        config = self.config
         self.worker: DraftWorker | None = None
         self._round: TalonRound | None = None
         self.switch = (
             CostAwareSwitch(
                 explore_every=config.explore_every,
                 cost_ratio=config.switch_cost,
-                step_nodes=_step_nodes(model),
+                step_nodes=_step_nodes(self.model),
             )
             if config.switch in ("cost", "best")
             else None
@@ -115,6 +121,26 @@ class TalonDrafter(Drafter):
         self._last_chain: list[int] = []
         # nodes of the latest model tree that the model drafted (the rest: retrieval's extension)
         self._own_nodes = 0
+
+    def for_another_row(self) -> TalonDrafter:
+        """A drafter sharing this one's loaded parts (datastore, exit LM and packed weights, a sub-drafter's head),
+        with a retriever, chain, worker and round state of its own."""
+        twin = copy.copy(self)
+        if self.retriever is not None:  # the datastore is loaded once per path (`Retriever` caches it)
+            twin.retriever = Retriever(self.config.retrieval, self.model, self.tokenizer)
+        if self.chain is not None:
+            chain = self.chain
+            twin.chain = ExitChain(
+                self.model,
+                chain.exit_layer,
+                head=chain.head,
+                min_confidence=chain.min_confidence,
+                quantized=chain.quantized,
+            )
+        if self.sub is not None:
+            twin.sub = self.sub.for_another_row()
+        twin._fresh_round_state()
+        return twin
 
     # ---- lifecycle ---------------------------------------------------------------------------------
     def begin(self, state: SpecState) -> None:
