@@ -45,6 +45,11 @@ GPU = dict(
 )
 TINY = dict(context=24, new=12, ks=[2, 4], nodes=[0, 1, 2, 4], reps=1, kernel_nodes=8)
 HOST_READS = ("tolist", "item", "__int__", "__float__", "__bool__")
+PAPER_CLAIMS = {  # `hf_spec.bench.rounds.paper_ratios` keys: the claim and the ratio its paper measured on GPUs
+    "lyanna_vs_hass": ("Lyanna / the HASS head", 1.2),
+    "hispec_vs_best_exit": ("HiSpec / the best single exit", 1.25),
+    "talon_vs_better_half": ("Talon's hybrid / its better half", 1.1),
+}
 
 
 def build_target(shape: str, device, dtype):
@@ -337,10 +342,13 @@ def replay(
     for path in paths:
         data = read_rounds(path)
         methods = data["methods"]
-        results = {name: replay_speedup(e["rounds"], layer_cost, lm_cost, layers, overhead, token_s)
+        recorded = data["num_layers"]  # the recorded target's layers: scaled to this target's `layers`
+        results = {name: replay_speedup(e["rounds"], layer_cost, lm_cost, layers, overhead, token_s, recorded)
                    for name, e in methods.items()}  # fmt: skip
         ratios = paper_ratios({name: r["speedup"] for name, r in results.items()}, methods)
-        out[Path(path).name] = {"recorded_on": data["target"], "methods": results, "ratios": ratios}
+        machine = data.get("machine", {})
+        out[Path(path).name] = {"recorded_on": data["target"], "recorded_machine": machine,
+                                "methods": results, "ratios": ratios}  # fmt: skip
     return out
 
 
@@ -384,6 +392,8 @@ def check_shape(shape: str, device, dtype, cfg: dict, backends: list[str], round
 
 def markdown(report: dict) -> str:
     """The report as markdown tables, one section a shape."""
+    from hf_spec.bench.plots import short_label
+
     lines = [f"# GPU check: {report['device']}", "", f"torch {report['torch']}, dtype {report['dtype']}", ""]
     for r in report["shapes"]:
         lines += [f"## {r['shape']} ({r['params_b']:.2f}B parameters, random weights)", "",
@@ -406,12 +416,16 @@ def markdown(report: dict) -> str:
             lines += [f"| {k} | {v['kernel_ms']:.3f} | {v['torch_ms']:.3f} | {v['speedup']:.2f}x | {v['max_error']:.2g} |"
                       for k, v in r["kernels"].items()]  # fmt: skip
         for file, rep in r.get("replay", {}).items():
-            lines += ["", f"Replay of `{file}` (recorded on {rep['recorded_on']}):", "",
-                      "| method | tau | speedup at these costs |", "|---|---|---|"]  # fmt: skip
+            where = rep["recorded_machine"].get("cpu", "")
+            lines += ["", f"Replay of `{file}` (rounds of {rep['recorded_on']}, recorded on {where or 'a CPU'}):",
+                      "", "| method | tau | speedup at these costs |", "|---|---|---|"]  # fmt: skip
+            target = Path(rep["recorded_on"]).name
             for name, m in rep["methods"].items():
                 speed = f"{m['speedup']:.2f}x" if m["speedup"] else "n/a"
-                lines.append(f"| {name} | {m['tau'] or 0:.2f} | {speed} |")
-            lines += ["", " ".join(f"{k}: {v:.2f}" if v else f"{k}: n/a" for k, v in rep["ratios"].items())]
+                lines.append(f"| {short_label(name, target)} | {m['tau'] or 0:.2f} | {speed} |")
+            lines += ["", "| paper claim | measured there | ratio here |", "|---|---|---|"]
+            lines += [f"| {PAPER_CLAIMS[k][0]} | >= {PAPER_CLAIMS[k][1]}x | {f'{v:.2f}x' if v else 'n/a'} |"
+                      for k, v in rep["ratios"].items()]  # fmt: skip
         lines.append("")
     return "\n".join(lines)
 

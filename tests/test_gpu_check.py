@@ -11,11 +11,21 @@ from pathlib import Path
 
 import pytest
 
-from hf_spec.bench.rounds import interpolate, paper_ratios, read_rounds, replay_speedup
+from hf_spec.bench.rounds import (
+    ROUNDS_FORMAT,
+    interpolate,
+    monotone,
+    paper_ratios,
+    read_rounds,
+    replay_speedup,
+    write_rounds,
+)
 from hf_spec.cli.main import main
 from tests.conftest import STORIES
 
 ROOT = Path(__file__).resolve().parents[1]
+# the committed recording of the real target's rounds (docs/gpu.md: how it was recorded)
+RECORDED = ROOT / "benchmarks" / "results" / "rounds" / "qwen2.5-coder-0.5b-instruct.json"
 pytestmark = pytest.mark.usefixtures("keep_threads")
 
 
@@ -81,6 +91,71 @@ def test_record_rounds_writes_every_round_of_every_method(recording):
         read_rounds(recording.parent / "out" / "results.json")
 
 
+def test_rounds_file_is_columnar_and_reads_back_what_was_recorded(recording, tmp_path):
+    """The file lists each distinct tree and draft work once and the rounds by column; reading it gives one dict a
+    round again, and writing that gives the same file."""
+    raw = json.loads(recording.read_text())
+    assert raw["format"] == ROUNDS_FORMAT and raw["machine"]["cores"] > 0
+    pld = raw["methods"]["pld"]
+    assert set(pld["rounds"]) == {"tree", "last", "n", "work", "us"} and len(pld["work"]) < len(
+        pld["rounds"]["n"]
+    )
+    again = tmp_path / "again.json"
+    write_rounds(again, read_rounds(recording))
+    assert again.read_text() == recording.read_text()
+    rounds = [  # a tree, a chain, a partial verification (HiSpec's later layers), a round cut at EOS
+        {"p": [-1, -1, 0, 2], "a": [1], "n": 2, "t": [], "d": [[3, 1]], "v": [[5, 4]], "lm": 6, "s": 0.002},
+        {"p": 3, "a": [0, 1, 2], "n": 4, "t": [[1, 3]], "d": [], "v": [[4, 4]], "lm": 0, "s": 0.000125},
+        {"p": [-1, 0, 0], "a": [0, 2], "n": 3, "t": [[1, 2]], "d": [], "v": [[4, 2]], "lm": 2, "s": 0.0},
+        {"p": [-1, 0, 0], "a": [0], "n": 1, "t": [[1, 2]], "d": [], "v": [[4, 2]], "lm": 2, "s": 0.0},
+    ]
+    data = {"format": "hf-spec rounds 1", "target": "t", "num_layers": 4, "hidden_size": 8, "vocab_size": 9,
+            "methods": {"m": {"family": "hispec", "rounds": rounds}}}  # fmt: skip
+    write_rounds(tmp_path / "m.json", data)
+    assert read_rounds(tmp_path / "m.json") == data
+    assert len(json.loads((tmp_path / "m.json").read_text())["methods"]["m"]["work"]) == 3
+    bad = {**data, "methods": {"m": {"family": "x", "rounds": [{**rounds[0], "a": [0, 1]}]}}}
+    with pytest.raises(ValueError, match="not a path from the root"):
+        write_rounds(tmp_path / "bad.json", bad)
+
+
+def test_replay_scales_the_recorded_targets_layers():
+    """Layer calls of the recorded target count as the same share of the replayed target's layers; a head's own
+    layers (`d`) count as they are."""
+    r = {"p": 1, "a": [0], "n": 2, "t": [[1, 2]], "d": [[1, 1]], "v": [[2, 4]], "lm": 0, "s": 0.0}
+    cost = {1: 1.0, 2: 1.0}
+    same = replay_speedup([r], cost, {1: 0.0, 2: 0.0}, 4, 0.0, 1.0, recorded_layers=4)
+    double = replay_speedup([r], cost, {1: 0.0, 2: 0.0}, 8, 0.0, 1.0, recorded_layers=4)
+    assert same["ms_per_round"] == pytest.approx(1e3 * (4 + 2 + 1))
+    assert double["ms_per_round"] == pytest.approx(1e3 * (8 + 4 + 1))
+
+
+def test_replay_costs_never_fall_with_more_rows():
+    """A noisy cost curve (a dip after a spike, as a loaded machine measures) is pooled into a non-decreasing one:
+    no extrapolated size costs less than a measured one, nor less than nothing."""
+    noisy = {1: 1.0, 2: 36.0, 3: 11.0, 5: 0.5, 9: 2.0}
+    smooth = monotone(noisy)
+    assert list(smooth.values()) == sorted(smooth.values()) and smooth[1] == 1.0
+    assert sum(smooth.values()) == pytest.approx(sum(noisy.values()))
+    assert interpolate(smooth, 40) >= smooth[9] and monotone({1: -1.0}) == {1: 0.0}
+    r = {"p": 30, "a": [0], "n": 2, "t": [], "d": [], "v": [], "lm": 0, "s": 0.001}
+    assert replay_speedup([r], noisy, noisy, 2, 0.0, 1.0)["speedup"] > 0
+
+
+def test_committed_recording_of_the_real_target_gives_the_paper_ratios():
+    """`benchmarks/results/rounds/`: every canonical method's rounds on Spec-Bench prompts, small, and enough for
+    the replay's three ratios (here at made-up flat costs: a tree costs what one token costs)."""
+    assert RECORDED.stat().st_size < 200_000
+    data = read_rounds(RECORDED)
+    families = {e["family"] for e in data["methods"].values()}
+    assert {"pld", "retrieval", "eagle", "lyanna", "early-exit", "hispec", "postuse", "talon"} <= families
+    flat = {q: 1e-3 for q in (1, 2, 64)}
+    speedups = {name: replay_speedup(e["rounds"], flat, {1: 1e-3}, 32, 1e-4, 0.035, data["num_layers"])["speedup"]
+                for name, e in data["methods"].items()}  # fmt: skip
+    assert all(s and s > 0 for s in speedups.values()), speedups
+    assert all(v and v > 0 for v in paper_ratios(speedups, data["methods"]).values())
+
+
 def test_replay_prices_rounds():
     layer = {1: 1.0, 9: 1.0}  # verification costs as much as one step (flat): a chain's tokens are free
     rounds = [{"p": 8, "a": list(range(8)), "n": 9, "t": [], "d": [], "v": [], "lm": 0, "s": 0.0}] * 4
@@ -120,5 +195,7 @@ def test_gpu_check_tiny_runs_on_the_cpu(recording, tmp_path, monkeypatch):
     assert set(replayed) == {"pld", "early-exit:2", "oracle:4"} and all(
         m["speedup"] > 0 for m in replayed.values()
     )
+    ratios = shape["replay"][recording.name]["ratios"]
+    assert set(ratios) == {"lyanna_vs_hass", "hispec_vs_best_exit", "talon_vs_better_half"}
     assert "| greedy_accept |" in (tmp_path / "gpu_check.md").read_text()
     assert "HF_SPEC_BACKEND" not in os.environ and "gpu_check" not in sys.modules

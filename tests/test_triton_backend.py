@@ -238,13 +238,24 @@ def head_folder(tmp_path):
 
 
 def test_head_folder_requirements_name_hf_spec_and_triton(head_folder, tmp_path):
+    import shutil
+
+    from transformers.dynamic_module_utils import check_python_requirements
+
     from hf_spec.integrations import save_custom_generate
 
     recipe = save_custom_generate(tmp_path / "recipe", "pld")
     for folder in (head_folder[1], recipe):
-        lines = (folder / "custom_generate" / "requirements.txt").read_text().splitlines()
+        requirements = folder / "custom_generate" / "requirements.txt"
+        lines = requirements.read_text().splitlines()
         assert lines[0].startswith("hf-spec")  # what transformers checks; the rest are comments
         assert all(line.startswith("#") for line in lines[1:]) and "triton" in "".join(lines[1:])
+        # transformers' own check, as `generate(custom_generate=...)` runs it: met where hf-spec is installed ...
+        check_python_requirements(str(folder), requirements_file="custom_generate/requirements.txt")
+    unmet = shutil.copytree(recipe, tmp_path / "unmet")  # ... and read: a version not installed is refused
+    (unmet / "custom_generate" / "requirements.txt").write_text("hf-spec>=999\n")
+    with pytest.raises(ImportError, match="hf-spec>=999"):
+        check_python_requirements(str(unmet), requirements_file="custom_generate/requirements.txt")
 
 
 @pytest.mark.parametrize("where", ["folder", "hub"])
@@ -267,6 +278,32 @@ def test_head_folder_runs_the_triton_kernels_and_the_cpu_backend(
     assert torch.equal(target.generate(ids, **kw), ref)
     assert isinstance(target_profile(target).backend, CpuBackend) and not kernel_calls
     monkeypatch.setenv("HF_SPEC_BACKEND", "triton")
+    assert torch.equal(target.generate(ids, **kw), ref)
+    assert isinstance(target_profile(target).backend, TritonBackend)
+    assert kernel_calls["accept"] > 0 and kernel_calls["draft_topk"] > 0
+
+
+def test_head_folder_on_a_cuda_target_runs_the_triton_kernels_by_default(
+    head_folder, hub_cache, monkeypatch, kernel_calls
+):
+    """No HF_SPEC_BACKEND: a target whose weights sit on CUDA (its placement says so here; the tensors stay on the
+    CPU, under the interpreter) runs a Hub id's remote code with the triton backend, hf-spec's default there."""
+    import dataclasses
+
+    from hf_spec.engine import profile
+    from tests.fake_hub import cache_repo
+
+    target, folder = head_folder
+    cache_repo(hub_cache, "org/gpu-head", folder)
+    ids = prompt_ids(12, seed=5)
+    ref = target.generate(ids, max_new_tokens=10, do_sample=False)
+    real = profile.target_placement
+    monkeypatch.delenv("HF_SPEC_BACKEND", raising=False)
+    monkeypatch.setattr(
+        profile, "target_placement", lambda m: dataclasses.replace(real(m), devices=("cuda:0",))
+    )
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    kw = dict(max_new_tokens=10, do_sample=False, custom_generate="org/gpu-head", trust_remote_code=True)
     assert torch.equal(target.generate(ids, **kw), ref)
     assert isinstance(target_profile(target).backend, TritonBackend)
     assert kernel_calls["accept"] > 0 and kernel_calls["draft_topk"] > 0

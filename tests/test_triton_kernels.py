@@ -1,6 +1,6 @@
 """Every Triton kernel against its torch twin, under Triton's interpreter on CPU tensors (no GPU needed): random
-trees (hypothesis), float32 and bfloat16, the edge cases (a one-node tree, all rejected, all accepted, vocabularies
-that are no multiple of a block), and the sampling kernel's distribution (chi-square). A slow test compiles every
+trees (hypothesis), float32 and bfloat16, the edge cases (a one-node tree, all rejected, all accepted, EOS inside
+the tree, vocabularies that are no multiple of a block), and the sampling kernel's distribution (chi-square). A slow test compiles every
 kernel for an H100 (sm_90) without a GPU, which catches what the interpreter lets pass (types of loop-carried
 values, unsupported control flow)."""
 
@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("triton")
@@ -93,14 +93,20 @@ def test_greedy_accept_edge_cases(dtype):
 
 
 @FAST
-@given(trees(max_nodes=8, vocab=7), st.integers(0, 999), st.booleans(), st.sampled_from(DTYPES))
-def test_sampling_accept_matches_twin_with_the_same_generator(tree, seed, sampled, dtype):
+@given(
+    trees(max_nodes=8, vocab=7),
+    st.integers(0, 999),
+    st.booleans(),
+    st.sampled_from(DTYPES),
+    st.sampled_from([7, 7, 1000, 2049]),
+)
+def test_sampling_accept_matches_twin_with_the_same_generator(tree, seed, sampled, dtype, vocab):
     """Same accepted path and bonus as `accept_sampling` from the same generator state, for point-mass and
-    sampled children (`draft_probs`: a mix of rows and all-zero rows)."""
+    sampled children (`draft_probs`: a mix of rows and all-zero rows), scores read in their own dtype, over
+    vocabularies of one block and of several (the residual and the bonus draw past the first block)."""
     parents, tokens = tree
     g = torch.Generator().manual_seed(seed)
-    vocab = 7
-    scores = (torch.randn(len(parents) + 1, vocab, generator=g) * 2).to(dtype).float()
+    scores = (torch.randn(len(parents) + 1, vocab, generator=g) * 2).to(dtype)
     q = None
     if sampled and parents:
         q = torch.softmax(torch.randn(len(parents), vocab, generator=g), -1)
@@ -131,6 +137,65 @@ def test_sampling_accept_edge_cases():
     assert path == [] and bonus != 9
     path, bonus = unpack_sampling(sampling_accept(never[:1], chain[:0], chain[:0], None, g).tolist())
     assert path == [] and 0 <= bonus < 97 and bonus != 9  # an empty tree: a plain draw
+    one = torch.tensor([-1])
+    path, bonus = unpack_sampling(sampling_accept(sure[:2], one, torch.tensor([4]), None, g).tolist())
+    assert path == [0] and bonus == 5  # a one-node tree, accepted: the bonus from its row
+    path, bonus = unpack_sampling(sampling_accept(never[:2], one, torch.tensor([9]), None, g).tolist())
+    assert path == [] and bonus != 9  # a one-node tree, rejected
+
+
+EOS = 2  # a token the random trees draw often (tokens 0..5)
+
+
+def commit_round(
+    parents, tokens, logits, do_sample: bool, seed: int, backend
+) -> tuple[list[int], list[int], bool]:
+    """`(committed tokens, accepted nodes, finished)` of one round accepted by `backend` (None: the loop's host
+    rules) and committed with EOS as a stopping criterion, as the loop commits it."""
+    from transformers import LogitsProcessorList, StoppingCriteriaList
+    from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+
+    from hf_spec.engine.commit import SequenceOutputs, StopCheck, TokenBuffer, accept, commit_tokens
+    from hf_spec.outputs import SpecStats
+    from hf_spec.tree import DraftTree
+
+    tree = DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
+    prefix = torch.tensor([[1, 4]])
+    generator = torch.Generator().manual_seed(seed)
+    acc = accept(tree, logits, prefix, LogitsProcessorList(), do_sample, generator, False, backend)
+    stop = StopCheck(StoppingCriteriaList([EosTokenCriteria(EOS), MaxLengthCriteria(64)]))
+    buffer = TokenBuffer(prefix, prefix.shape[1] + len(tree) + 1)
+    done = commit_tokens(tree, acc, logits, buffer, stop, SequenceOutputs(), SpecStats())
+    return done.new_tokens, done.accepted, done.finished
+
+
+@FAST
+@given(trees(max_nodes=10, vocab=7), st.integers(0, 99), st.booleans(), st.sampled_from(DTYPES))
+@example((list(range(-1, 5)), [4, 2, 5, 1, 3, 0]), 0, False, torch.float32)  # EOS second on an accepted chain
+@example(([-1, -1, 0, 1, 3], [5, 2, 0, 3, 2]), 1, True, torch.bfloat16)  # EOS on a branch and a leaf
+def test_eos_inside_the_tree_commits_what_the_host_rules_commit(tree, seed, do_sample, dtype):
+    """The kernels know no EOS: a path through the EOS token is accepted as the twin accepts it, and the round
+    commits up to the EOS and no further, exactly as with the loop's host rules (greedy and sampling, the same
+    random numbers)."""
+    from hf_spec.engine.backend import TritonBackend
+
+    parents, tokens = tree
+    logits = logits_for(parents, tokens, 7, 0.9, seed, dtype)  # mostly accepted: paths run through EOS often
+    got = commit_round(parents, tokens, logits, do_sample, seed, TritonBackend())
+    want = commit_round(parents, tokens, logits, do_sample, seed, None)
+    assert got == want
+    committed, _, finished = got
+    assert finished == (EOS in committed) and EOS not in committed[:-1]
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_eos_second_on_an_accepted_chain_ends_the_round(do_sample):
+    from hf_spec.engine.backend import TritonBackend
+
+    chain, tokens = list(range(-1, 5)), [4, EOS, 5, 1, 3, 0]
+    logits = logits_for(chain, tokens, 7, 1.0, 0, torch.float32)  # every node accepted
+    committed, accepted, finished = commit_round(chain, tokens, logits, do_sample, 0, TritonBackend())
+    assert committed == [4, EOS] and accepted == list(range(6)) and finished
 
 
 @pytest.mark.parametrize("n", [500, pytest.param(4000, marks=pytest.mark.slow)])
@@ -157,6 +222,9 @@ def test_sampling_kernel_keeps_the_target_distribution(n):
 
 @FAST
 @given(trees(max_nodes=16), st.sampled_from([0, 5, 1100]), st.sampled_from(DTYPES))
+@example(([-1], [0]), 0, torch.float32)  # a one-node tree
+@example((list(range(-1, 15)), [0] * 16), 1100, torch.bfloat16)  # a chain
+@example(([-1] * 16, [0] * 16), 5, torch.float32)  # all children of the root
 def test_tree_inputs_match_the_host_masks(tree, past, dtype):
     parents = torch.tensor(tree[0], dtype=torch.long)
     got = tree_inputs(parents, past, dtype)
@@ -164,11 +232,8 @@ def test_tree_inputs_match_the_host_masks(tree, past, dtype):
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
-@FAST
-@given(st.integers(1, 9), st.integers(0, 6), st.data(), st.sampled_from(DTYPES))
-def test_kv_compact_matches_index_select(num_nodes, past, data, dtype):
+def check_kv_compact(num_nodes: int, past: int, accepted: list[int], dtype) -> None:
     """Every layer of a group in one launch; a cropped view (other strides) in a group of its own."""
-    accepted = sorted(data.draw(st.sets(st.integers(1, num_nodes))))
     keep = [0, *accepted]
     length = past + num_nodes + 1
     tensors = [torch.randn(2, 3, length + 2, 8).to(dtype) for _ in range(4)]
@@ -178,6 +243,22 @@ def test_kv_compact_matches_index_select(num_nodes, past, data, dtype):
     kv_compact_reference(theirs, past, keep)
     for a, b in zip(mine, theirs, strict=True):
         assert torch.equal(a[..., : past + len(keep), :], b[..., : past + len(keep), :])
+
+
+@FAST
+@given(st.integers(1, 9), st.integers(0, 6), st.data(), st.sampled_from(DTYPES))
+def test_kv_compact_matches_index_select(num_nodes, past, data, dtype):
+    check_kv_compact(num_nodes, past, sorted(data.draw(st.sets(st.integers(1, num_nodes)))), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "num_nodes, past, accepted",
+    [(1, 0, []), (1, 3, [1]), (9, 5, list(range(1, 10))), (9, 0, []), (9, 2, [2, 5, 9])],
+    ids=["one-node-rejected", "one-node-accepted", "all-accepted", "all-rejected", "branch-path"],
+)
+def test_kv_compact_edge_cases(num_nodes, past, accepted, dtype):
+    check_kv_compact(num_nodes, past, accepted, dtype)
 
 
 @FAST

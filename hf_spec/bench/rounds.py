@@ -1,13 +1,21 @@
 """Recording what every round of a method did, and replaying it at another machine's costs.
 
-`hf-spec bench --record-rounds FILE` runs each hf-spec method under a `RoundRecorder` and writes, per method, one
-entry a round (`ROUNDS_FORMAT`):
+`hf-spec bench --record-rounds FILE` runs each hf-spec method under a `RoundRecorder`. In memory (and as
+`read_rounds` returns it) a method has one entry a round:
 
     p: the tree's parents (an int: a chain of that many nodes)      a: the accepted nodes      n: tokens committed
     t / d: draft work, `[[rows, calls], ...]` per decoder-layer forward of the target's layers (early exit, HiSpec)
            and of the drafter's own modules (heads, draft models), rows = tokens through one layer call
     v: the target's decoder-layer forwards while verifying, same form (HiSpec verifies only its later layers)
-    lm: rows through LM heads while drafting      s: the draft's seconds on the recording machine
+    lm: rows through LM heads while drafting
+    s: the draft's CPU seconds on the recording machine (its thread's: other work on a shared machine does not
+       count; a drafter with torch's intra-op threads is undercounted, but its `s` is not priced)
+
+The file (`ROUNDS_FORMAT`) stores each method's rounds by column, with every distinct tree and every distinct
+draft work listed once: `trees` (parent lists, or an int for a chain), `work` (`[t, d, v, lm]`, `v` left empty
+where it is one forward of every target layer over `[root] + tree`), and `rounds` = `{"tree": [...], "last": [...],
+"n": [...], "work": [...], "us": [...]}`: indices into those lists, the last accepted node (-1: none; the path is
+its ancestors), the committed tokens and the draft's CPU microseconds. A few thousand rounds take tens of kilobytes.
 
 `replay_speedup` prices each round with costs measured elsewhere (a GPU: `benchmarks/gpu_check.py`): a decoder
 layer of `rows` tokens, an LM head of `rows` rows, the loop's overhead a round and plain decoding's seconds a
@@ -26,7 +34,8 @@ from pathlib import Path
 import numpy as np
 from torch import nn
 
-ROUNDS_FORMAT = "hf-spec rounds 1"
+ROUNDS_FORMAT = "hf-spec rounds 2"
+_EXPANDED_FORMAT = "hf-spec rounds 1"  # one dict a round: what `read_rounds` returns, also read
 
 
 def _layers(module: nn.Module) -> list[nn.Module]:
@@ -130,12 +139,12 @@ class RoundRecorder:
 
     def _drafting(self, fn: Callable):
         phase, self._phase = self._phase, "draft"
-        t0 = time.perf_counter()
+        t0 = time.thread_time()  # CPU time, not wall time: recordings are made on shared, loaded machines
         try:
             return fn()
         finally:
             if self._round is not None:
-                self._round["s"] += time.perf_counter() - t0
+                self._round["s"] += time.thread_time() - t0
             self._phase = phase
 
     def _layer_hook(self, who: str):
@@ -171,19 +180,24 @@ class RoundRecorder:
         self._round = _empty_round()
 
     def to_dict(self) -> dict:
+        """The recording as `read_rounds` returns it (one dict a round)."""
+        from hf_spec.bench.machine import machine_info
+
         config = self.model.config
+        info = machine_info()
+        target = getattr(config, "_name_or_path", "") or type(self.model).__name__
         return {
-            "format": ROUNDS_FORMAT,
-            "target": getattr(config, "_name_or_path", "") or type(self.model).__name__,
+            "format": _EXPANDED_FORMAT,
+            "target": Path(target).name if Path(target).is_absolute() else target,  # a local folder: its name
             "num_layers": config.num_hidden_layers,
             "hidden_size": config.hidden_size,
             "vocab_size": config.vocab_size,
+            "machine": {k: info[k] for k in ("cpu", "cores", "torch", "transformers", "date")},
             "methods": self.methods,
         }
 
     def write(self, path: str | Path) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(self.to_dict(), separators=(",", ":")))
+        write_rounds(path, self.to_dict())
 
 
 def _empty_round() -> dict:
@@ -200,12 +214,70 @@ def _method_entry(config) -> dict:
     return entry
 
 
+def write_rounds(path: str | Path, data: dict) -> None:
+    """Write a recording (as `read_rounds` returns it) to `path` in the columnar `ROUNDS_FORMAT`."""
+    num_layers = data["num_layers"]
+    methods = {}
+    for name, entry in data["methods"].items():
+        trees: dict[str, int] = {}
+        works: dict[str, int] = {}
+        cols: dict[str, list] = {"tree": [], "last": [], "n": [], "work": [], "us": []}
+        for r in entry["rounds"]:
+            parents = list(range(-1, r["p"] - 1)) if isinstance(r["p"], int) else r["p"]
+            last = r["a"][-1] if r["a"] else -1
+            if r["a"] != _path_to(parents, last):
+                raise ValueError(f"{name}: accepted nodes {r['a']} are not a path from the root of {r['p']}")
+            full = [[len(parents) + 1, num_layers]]
+            t, d, v = ([list(pair) for pair in r[k]] for k in ("t", "d", "v"))  # (rows, calls) pairs as lists
+            work = [t, d, [] if v == full else v, r["lm"]]
+            cols["tree"].append(trees.setdefault(json.dumps(r["p"]), len(trees)))
+            cols["work"].append(works.setdefault(json.dumps(work), len(works)))
+            cols["last"].append(last)
+            cols["n"].append(r["n"])
+            cols["us"].append(round(r["s"] * 1e6))
+        rest = {k: v for k, v in entry.items() if k != "rounds"}
+        methods[name] = {**rest, "trees": [json.loads(t) for t in trees],
+                         "work": [json.loads(w) for w in works], "rounds": cols}  # fmt: skip
+    out = {**data, "format": ROUNDS_FORMAT, "methods": methods}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    # one line a method's part: small, and a changed recording shows in a diff
+    text = json.dumps({k: v for k, v in out.items() if k != "methods"}, separators=(",", ":"))[:-1]
+    parts = [f"{json.dumps(n)}:{json.dumps(m, separators=(',', ':'))}" for n, m in methods.items()]
+    Path(path).write_text(text + ',"methods":{\n' + ",\n".join(parts) + "\n}}\n")
+
+
 def read_rounds(path: str | Path) -> dict:
-    """A recording written by `RoundRecorder.write` (`ValueError` for another file)."""
+    """A recording written by `write_rounds` (`RoundRecorder.write`), one dict a round (`ValueError` for another
+    file)."""
     data = json.loads(Path(path).read_text())
+    if data.get("format") == _EXPANDED_FORMAT:
+        return data
     if data.get("format") != ROUNDS_FORMAT:
         raise ValueError(f"{path} is not an `hf-spec bench --record-rounds` file ({ROUNDS_FORMAT!r})")
-    return data
+    methods = {}
+    for name, entry in data["methods"].items():
+        cols, rounds = entry["rounds"], []
+        for tree, last, n, work, us in zip(
+            *(cols[k] for k in ("tree", "last", "n", "work", "us")), strict=True
+        ):
+            p = entry["trees"][tree]
+            parents = list(range(-1, p - 1)) if isinstance(p, int) else p
+            t, d, v, lm = entry["work"][work]
+            v = v or [[len(parents) + 1, data["num_layers"]]]
+            rounds.append({"p": p, "a": _path_to(parents, last), "n": n, "t": t, "d": d, "v": v, "lm": lm,
+                           "s": us / 1e6})  # fmt: skip
+        rest = {k: v for k, v in entry.items() if k not in ("trees", "work", "rounds")}
+        methods[name] = {**rest, "rounds": rounds}
+    return {**data, "format": _EXPANDED_FORMAT, "methods": methods}
+
+
+def _path_to(parents: list[int], last: int) -> list[int]:
+    """The nodes from the root's child down to `last` (-1: none)."""
+    path = []
+    while last >= 0:
+        path.append(last)
+        last = parents[last]
+    return path[::-1]
 
 
 def interpolate(costs: dict[int, float], rows: int) -> float:
@@ -221,6 +293,20 @@ def interpolate(costs: dict[int, float], rows: int) -> float:
     return float(np.interp(rows, sizes, [costs[s] for s in sizes]))
 
 
+def monotone(costs: dict[int, float]) -> dict[int, float]:
+    """`{rows: seconds}` made non-decreasing in `rows` (pooling adjacent violators: each run of sizes that got
+    cheaper takes the run's mean), so noise in a measurement never makes more rows cost less, nor an extrapolation
+    negative."""
+    blocks: list[list[float]] = []  # [mean, count] of pooled runs, in order of size
+    for size in sorted(costs):
+        blocks.append([max(costs[size], 0.0), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m1, c1), (m2, c2) = blocks.pop(-2), blocks.pop()
+            blocks.append([(m1 * c1 + m2 * c2) / (c1 + c2), c1 + c2])
+    values = [m for m, c in blocks for _ in range(int(c))]
+    return dict(zip(sorted(costs), values, strict=True))
+
+
 def replay_speedup(
     rounds: list[dict],
     layer_cost: dict[int, float],
@@ -228,20 +314,26 @@ def replay_speedup(
     num_layers: int,
     overhead: float,
     token_seconds: float,
+    recorded_layers: int | None = None,
 ) -> dict:
     """Price recorded rounds: each decoder-layer call by `layer_cost` (`{rows: seconds}` of one layer of the
-    target's shape; a head's layer is priced as one), LM-head rows by `lm_cost`, the verification's LM head over
+    target's shape, made `monotone`; a head's layer is priced as one), LM-head rows by `lm_cost` (the same), the verification's LM head over
     `nodes + 1` rows, `overhead` seconds of loop a round; a draft without model calls costs its recorded seconds.
+    Calls of the recorded target's layers (`t`, `v`) count `num_layers / recorded_layers` times each: an exit
+    after 22 of 24 layers drafts through 22/24 of the replayed target's `num_layers`.
     Returns `{"speedup": plain-decoding seconds a token / replayed seconds a token, "tau", "rounds", ...}`."""
+    scale = num_layers / recorded_layers if recorded_layers else 1.0
+    layer_cost, lm_cost = monotone(layer_cost), monotone(lm_cost)
     seconds = tokens = 0.0
     for r in rounds:
         nodes = r["p"] if isinstance(r["p"], int) else len(r["p"])
         verify = (
-            sum(c * interpolate(layer_cost, q) for q, c in r["v"])
+            scale * sum(c * interpolate(layer_cost, q) for q, c in r["v"])
             if r["v"]
             else num_layers * interpolate(layer_cost, nodes + 1)
         )
-        draft = sum(c * interpolate(layer_cost, q) for part in ("t", "d") for q, c in r[part])
+        draft = scale * sum(c * interpolate(layer_cost, q) for q, c in r["t"])
+        draft += sum(c * interpolate(layer_cost, q) for q, c in r["d"])
         if r["lm"]:
             draft += interpolate(lm_cost, r["lm"])
         if not (r["t"] or r["d"] or r["lm"]):  # a host-only drafter: its own seconds
