@@ -185,7 +185,9 @@ def test_talon_copies_share_the_exit_lm_and_datastore(case, target, tmp_path):
     dec = SpeculativeDecoder(CASES[case](target, tmp_path))
     with dec.lend(target, 2) as (first, copy):
         assert copy.chain is not first.chain and copy.chain.head is first.chain.head
-        assert copy.chain.quantized.keys() == first.chain.quantized.keys()  # packed weights shared, not repacked
+        assert (
+            copy.chain.quantized.keys() == first.chain.quantized.keys()
+        )  # packed weights shared, not repacked
         assert all(copy.chain.quantized[k] is v for k, v in first.chain.quantized.items())
         assert copy.rounds is not first.rounds
         if first.retriever is not None:

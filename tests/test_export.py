@@ -13,6 +13,7 @@ from transformers import DynamicCache, GenerationConfig
 
 from hf_spec.cli.export import export_head
 from hf_spec.cli.main import main
+from hf_spec.integrity import CHECKSUM_FILE, IntegrityError
 from hf_spec.methods.base import SpecState
 from hf_spec.methods.eagle import EagleConfig, EagleDrafter
 from hf_spec.methods.eagle3 import (
@@ -140,6 +141,42 @@ def test_own_head_format_saves_loads_and_exports(tmp_path, target):
         load_eagle3_head(str(tmp_path / "own"), other)
 
 
+def flip_a_weight_byte(file) -> None:
+    """Damage a safetensors file where it still parses: one byte of its last tensor's data."""
+    data = bytearray(file.read_bytes())
+    data[-3] ^= 0x40
+    file.write_bytes(bytes(data))
+
+
+def test_own_head_folders_carry_checksums_and_refuse_damaged_weights(tmp_path, target, caplog):
+    torch.manual_seed(0)
+    head = Eagle3Head(Eagle3HeadConfig.for_target(target, 50)).eval()
+    save_eagle3_head(tmp_path / "own", head, target=target)
+    export_head(str(tmp_path / "own"), "eagle3-vllm", tmp_path / "vllm")
+    for folder in (tmp_path / "own", tmp_path / "vllm"):
+        listing = json.loads((folder / CHECKSUM_FILE).read_text())
+        assert list(listing["files"]) == ["model.safetensors"]
+        load_eagle3_head(str(folder), target)  # intact: loads
+    flip_a_weight_byte(tmp_path / "own" / "model.safetensors")
+    damaged = r"model\.safetensors does not match its checksum"
+    with pytest.raises(IntegrityError, match=damaged):
+        load_eagle3_head(str(tmp_path / "own"), target)
+    with pytest.raises(IntegrityError, match=damaged):
+        export_head(str(tmp_path / "own"), "eagle3-sglang", tmp_path / "again")
+    # saving again over the damaged folder writes a new list
+    save_eagle3_head(tmp_path / "own", head, target=target)
+    load_eagle3_head(str(tmp_path / "own"), target)
+    # hf-spec's folders from before checksums load with a warning; third-party folders have none and load quietly
+    (tmp_path / "vllm" / CHECKSUM_FILE).unlink()
+    with caplog.at_level("WARNING", logger="hf_spec.integrity"):
+        load_eagle3_head(str(tmp_path / "vllm"), target)
+        assert "carries no checksum" in caplog.text
+        caplog.clear()
+        write_eagle3_checkpoint(tmp_path / "published", target, "sglang", [0, 3, 5])
+        load_eagle3_head(str(tmp_path / "published"), target)
+        assert "carries no checksum" not in caplog.text
+
+
 def test_save_checks_a_state_dict_against_its_config(tmp_path, target):
     config = Eagle3HeadConfig.for_target(target, 50)
     state = Eagle3Head(config).state_dict()
@@ -159,6 +196,7 @@ def test_eagle_round_trip_drafts_the_same_trees(tmp_path, target):
         k for k in torch.load(tmp_path / "src" / "pytorch_model.bin") if k != "embed_tokens.weight"
     }
     assert json.loads((tmp_path / "out" / "config.json").read_text())["bias"] is True
+    assert (tmp_path / "out" / CHECKSUM_FILE).is_file()  # checked when hf-spec reads the export
 
     def eagle_trees(folder):
         drafter = EagleDrafter(EagleConfig(head=str(folder), depth=4, topk=3, total_tokens=12), target)

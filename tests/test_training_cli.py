@@ -321,3 +321,29 @@ def test_answer_cache_belongs_to_the_target_that_wrote_it(tmp_path):
     cache.bind_target(llama)  # the same target again: fine
     with pytest.raises(ValueError, match="holds another target's answers"):
         cache.bind_target(make_tiny_model("qwen2"))
+
+
+def test_a_checkpoint_from_before_a_setting_existed_resumes_with_its_default(tmp_path):
+    """A run recorded before `architecture` existed was an hf-spec-layout run: it resumes as one, not another."""
+    from hf_spec.training.trainer import check_resumable
+
+    saved = {"training": {"lr": 1e-3}, "head": {"hidden_size": 8}}
+    check_resumable(
+        saved, {"training": {"lr": 1e-3, "architecture": "hf-spec"}, "head": {"hidden_size": 8}}, tmp_path
+    )
+    with pytest.raises(ValueError, match="architecture 'hf-spec' -> 'eagle1'"):
+        check_resumable(
+            saved, {"training": {"lr": 1e-3, "architecture": "eagle1"}, "head": {"hidden_size": 8}}, tmp_path
+        )
+
+
+def test_init_from_last_layer_reaches_the_training_config():
+    """`--init-from-last-layer` (named in the errors a quantized target gives) is a flag of the head trainers."""
+    from hf_spec.cli.main import build_parser
+    from hf_spec.cli.train_eagle import common_train_config
+
+    for kind in ("eagle", "lyanna"):
+        args = build_parser().parse_args(
+            ["train", kind, "--target", "t", "--prompts", "p.json", "--out", "o", "--init-from-last-layer"]
+        )
+        assert common_train_config(args)["init_from_last_layer"] is True

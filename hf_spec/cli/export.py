@@ -3,10 +3,12 @@ SGLang or vLLM loads (config fields and weight names they read).
 
     eagle3-sglang   SpecForge/SGLang layout (`LlamaForCausalLMEagle3`, `midlayer.*`), also hf-spec's own
     eagle3-vllm     vLLM's speculators layout (`speculators_model_type: eagle3`, `layers.0.*`)
-    eagle           the EAGLE authors' EAGLE-1/2 layout (`fc.*`, `layers.0.*`), as safetensors
+    eagle           the EAGLE authors' EAGLE-1/2 layout (`fc.*`, `layers.0.*`), as safetensors: a published
+                    EAGLE-1/2 head, or an hf-spec EAGLE head trained with `--architecture eagle1`
 
 The weights are written as they are (or cast with `--dtype`), so a head exported and loaded back through
-`eagle3:` / `eagle:` drafts the same tokens.
+`eagle3:` / `eagle:` drafts the same tokens. A head folder hf-spec wrote is checked against its checksums first;
+the folder written gets a checksum list too (engines ignore it).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "export",
         help="write a draft head as an SGLang or vLLM checkpoint",
         description="Write an EAGLE-3 head (hf-spec's own or published, any layout) in the SGLang or vLLM "
-        "layout, or a published EAGLE-1/2 head in the EAGLE authors' layout as safetensors.",
+        "layout, or an EAGLE-1/2 head (published, or hf-spec's trained with --architecture eagle1) in the EAGLE "
+        "authors' layout as safetensors.",
     )
     parser.add_argument("head", help="head folder or Hub id")
     parser.add_argument("--format", required=True, choices=FORMATS, help="checkpoint layout to write")
@@ -64,9 +67,9 @@ def export_head(
         dtype: store the weights in this dtype (default: as they are).
     """
     from hf_spec.heads.published import detect_format
-    from hf_spec.heads.published.eagle3 import canonical_state, head_config, read_sidecar
+    from hf_spec.heads.published.eagle3 import canonical_state, head_config, read_sidecar, verify_folder
     from hf_spec.heads.published.files import read_config, read_weights
-    from hf_spec.heads.published.write import save_eagle3_head, save_eagle_checkpoint
+    from hf_spec.heads.published.write import eagle1_checkpoint, save_eagle3_head, save_eagle_checkpoint
     from hf_spec.hub_ids import resolve_head_folder
 
     if fmt not in FORMATS:
@@ -75,9 +78,14 @@ def export_head(
     folder = resolve_head_folder(head, "head")
     config = read_config(folder, what)
     model_type = str(config.get("model_type", ""))
-    if model_type.startswith("hf_spec"):
+    if model_type.startswith("hf_spec") and not is_eagle1_head(config):
         raise ValueError(own_head_message(head, model_type))
+    verify_folder(folder, what)
     tensors = read_weights(folder, what)
+    if model_type.startswith("hf_spec"):  # an eagle1-layout hf-spec EAGLE head
+        if fmt != "eagle":
+            raise ValueError(f"{what} is an EAGLE-1 head (architecture eagle1): export it as eagle")
+        return save_eagle_checkpoint(out, *eagle1_checkpoint(config, tensors, what), dtype)
     found = detect_format(config, tensors)
     if found is None:
         raise ValueError(
@@ -116,12 +124,26 @@ def target_layers(target: str) -> int:
     return int(config.num_hidden_layers)
 
 
+def is_eagle1_head(config: dict) -> bool:
+    """Whether a `config.json` object is an hf-spec EAGLE head of the `eagle1` layout (the published layer)."""
+    from hf_spec.heads.eagle.eagle1 import EAGLE1
+    from hf_spec.heads.eagle.modeling import EagleHeadConfig
+
+    return config.get("model_type") == EagleHeadConfig.model_type and config.get("layout") == EAGLE1
+
+
 def own_head_message(head: str, model_type: str) -> str:
-    """Why an hf-spec EAGLE/HASS or Lyanna head has no engine layout to be written in."""
+    """Why an hf-spec EAGLE/HASS (default architecture) or Lyanna head has no engine layout to be written in."""
+    retrain = (
+        "train it with `hf-spec train eagle --architecture eagle1` (the published EAGLE-1 layer) to get a head "
+        "that exports as eagle; "
+        if model_type == "hf_spec_eagle"
+        else ""
+    )
     return (
         f"{head!r} is an hf-spec {model_type} head, which no engine's layout can hold without changing its drafts: "
         "its decoder layer normalises its input (input_layernorm) and its drafts read the target's final norm "
         "before the LM head, while the EAGLE-1/2 layer vLLM and SGLang load has neither. EAGLE-3 heads (an "
-        "hf-spec EAGLE-3 head folder, or any published one) export as eagle3-sglang / eagle3-vllm; serve this "
-        "head with hf-spec"
+        f"hf-spec EAGLE-3 head folder, or any published one) export as eagle3-sglang / eagle3-vllm; {retrain}"
+        "serve this head with hf-spec"
     )

@@ -1,4 +1,5 @@
-"""`hf-spec train eagle`: data (target answers + features, cached) -> EAGLE/HASS head -> Hub-style folder."""
+"""`hf-spec train eagle`: data (target answers + features, cached, or a feature store) -> EAGLE/HASS head -> Hub-style
+folder."""
 
 from __future__ import annotations
 
@@ -28,6 +29,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--topk", type=nonnegative_int, default=0, help="HASS top-K distillation K (0 = off)")
     parser.add_argument("--topk-weight", type=nonnegative_float, default=1.0, help="weight of the top-K loss")
+    parser.add_argument(
+        "--architecture",
+        choices=("hf-spec", "eagle1"),
+        default="hf-spec",
+        help="eagle1: the published EAGLE-1 layer vLLM and SGLang load (`hf-spec export --format eagle`); "
+        "drafts over the whole vocabulary (--draft-vocab does not apply)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -40,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
         align_steps=args.align_steps,
         topk=args.topk,
         topk_weight=args.topk_weight,
+        architecture=args.architecture,
         **common_train_config(args),
     )
     kind = "HASS" if cfg.topk or cfg.align_steps > 1 else "EAGLE"
@@ -49,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
 def add_common_train_args(parser: argparse.ArgumentParser, draft_vocab: int = 32768) -> None:
     from hf_spec.cli.data import add_data_args
 
-    add_data_args(parser)
+    add_data_args(parser, prompts_required=False)  # --prompts, or --features below
+    add_store_args(parser)
     parser.add_argument("--out", required=True, help="output folder (Hub-style head repo)")
     parser.add_argument(
         "--draft-vocab", type=positive_int, default=draft_vocab, help="reduced draft vocabulary size"
@@ -66,9 +76,17 @@ def add_common_train_args(parser: argparse.ArgumentParser, draft_vocab: int = 32
     parser.add_argument("--max-len", type=int_at_least(2), default=1024)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--heldout", type=nonnegative_int, default=16, help="conversations held out for evaluation"
+        "--heldout",
+        type=nonnegative_int,
+        default=16,
+        help="prompts held out for evaluation (with --features: of --heldout-sources)",
     )
     parser.add_argument("--save-every", type=positive_int, default=50, help="checkpoint every N steps")
+    parser.add_argument(
+        "--init-from-last-layer",
+        action="store_true",
+        help="warm-start the head's layer from the target's last layer (an unquantized target in memory)",
+    )
     parser.add_argument(
         "--precision",
         choices=("auto", "bf16", "fp32"),
@@ -77,6 +95,29 @@ def add_common_train_args(parser: argparse.ArgumentParser, draft_vocab: int = 32
     )
     parser.add_argument(
         "--checkpoint-dir", help="default: $HF_SPEC_CACHE/runs/<out folder name>-<hash of its path>"
+    )
+
+
+def add_store_args(parser: argparse.ArgumentParser, features_required: bool = False) -> None:
+    """`--features STORE` and what of it a trainer trains and evaluates on (`hf_spec.training.store_data`)."""
+    group = parser.add_argument_group("training from a feature store (`hf-spec data features --corpus`)")
+    group.add_argument(
+        "--features",
+        required=features_required,
+        help="feature store to train on instead of --prompts (read shard by shard)",
+    )
+    group.add_argument(
+        "--sources",
+        help="train only on these sources (comma-separated names or patterns, e.g. answers,pypi-*; ALL: every one)",
+    )
+    group.add_argument(
+        "--limit-tokens", type=positive_int, help="train on the first N tokens of those sources"
+    )
+    group.add_argument(
+        "--heldout-sources",
+        default="auto",
+        help="sources of the fixed held-out set that no selection trains on (auto: answers when the store has "
+        "them; none: held out from the training selection)",
     )
 
 
@@ -91,6 +132,7 @@ def common_train_config(args: argparse.Namespace) -> dict:
         "heldout",
         "save_every",
         "precision",
+        "init_from_last_layer",
     )
     optional = ("feature_weight", "ce_weight")  # None: the method's default
     return {key: getattr(args, key) for key in keys} | {
@@ -99,44 +141,88 @@ def common_train_config(args: argparse.Namespace) -> dict:
 
 
 def train_and_save(args: argparse.Namespace, cfg, train_fn, recipe_cls, kind: str, model_type: str) -> int:
-    """Data (cached) -> features (cached) -> train (resumable) -> Hub-style folder with card and report."""
-    from hf_spec.cli.data import conversations_from_args
+    """Data (cached answers and features, or a feature store) -> train (resumable) -> Hub-style folder with card
+    and report."""
     from hf_spec.heads.card import head_card
     from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER, save_head_folder
     from hf_spec.output_folder import check_output_folder, holds_model_type
     from hf_spec.training.distributed import current_processes
-    from hf_spec.training.features import capture_features
-    from hf_spec.training.responses import prompt_id_of
 
+    if bool(args.prompts) == bool(args.features):
+        raise ValueError(
+            "give --prompts (the target answers them) or --features (a captured store), one of them"
+        )
+    if not args.features and (args.sources or args.limit_tokens or args.heldout_sources != "auto"):
+        raise ValueError(
+            "--sources, --limit-tokens and --heldout-sources select from a store: give --features"
+        )
     out = Path(args.out)
     check_output_folder(out, holds_model_type(model_type), f"{model_type} head")  # before hours of training
     processes = current_processes()
+    load = store_data if args.features else answer_data
     with processes.main_first():  # the main process fills the answer and feature caches, the others read them
-        model, _, convs = conversations_from_args(args)
-        store = capture_features(model, convs, args.data_dir, target=args.target)
+        model, sequences, heldout, groups, store, info = load(args, f"{kind} training")
     if getattr(cfg, "topk", 0) > store.topk:
         raise ValueError(
             f"--topk {cfg.topk} exceeds the {store.topk} target probabilities captured per position in the "
-            "features (`hf-spec data features --topk N --data-dir ...` captures more)"
+            "features (`hf-spec data features --topk N ...` captures more)"
         )
-    wanted = {c.id for c in convs}
-    sequences = store.load_sequences(wanted)
-    groups = [prompt_id_of(cid) for cid in store.ordered_ids(wanted)]  # sampled answers go with their prompt
     run_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else default_run_dir(out)
-    head, report = train_fn(model, sequences, run_dir, cfg, groups=groups)
+    head, report = train_fn(model, sequences, run_dir, cfg, groups=groups, heldout=heldout)
     if not processes.is_main:  # one process writes the head folder
         return 0
     command = "hf-spec " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    report["command"] = command
-    report["prompt_files"] = args.prompts
+    report = report | {"command": command} | info
     head.config.training = report
     card = head_card(kind, recipe_cls.method, Path(args.target).name, report, command)
     save_head_folder(head, out, recipe_cls(head=HEAD_IN_THIS_FOLDER), card)
     (out / "training_report.json").write_text(json.dumps(report, indent=1) + "\n")
     print(
-        f"saved {kind} head to {out}: held-out accuracy by depth {report['heldout'].get('accuracy_by_depth')}"
+        f"saved {kind} head to {out}: held-out accuracy by depth {report['heldout'].get('accuracy_by_depth')}, "
+        f"{report['tokens_per_second']:.0f} trained tokens/s over {report['wall_seconds']} s"
     )
     return 0
+
+
+def answer_data(args: argparse.Namespace, what: str):
+    """`(model, sequences, None, groups, store, info)` of the target's answers to `--prompts` (generated and
+    captured when missing); the trainer holds out every k-th prompt."""
+    from hf_spec.cli.data import conversations_from_args
+    from hf_spec.training.features import capture_features
+    from hf_spec.training.responses import prompt_id_of
+
+    model, _, convs = conversations_from_args(args)
+    store = capture_features(model, convs, args.data_dir, target=args.target)
+    wanted = {c.id for c in convs}
+    groups = [prompt_id_of(cid) for cid in store.ordered_ids(wanted)]  # sampled answers go with their prompt
+    return model, store.load_sequences(wanted), None, groups, store, {"prompt_files": args.prompts}
+
+
+def store_data(args: argparse.Namespace, what: str, keys: tuple[str, ...] | None = None):
+    """`(model, sequences, heldout, groups, store, info)` of `--features` (read lazily): the `--sources` /
+    `--limit-tokens` selection and the fixed held-out set (`hf_spec.training.store_data`); the target is loaded
+    for its embedding, LM head and fingerprint."""
+    from hf_spec.cli.common import loading_kwargs, resolve_device, set_threads
+    from hf_spec.models.fetch import load_model
+    from hf_spec.training.features import FeatureStore
+    from hf_spec.training.store_data import HEAD_KEYS, store_training_data
+
+    store = FeatureStore.open(args.features)
+    if not store.shards:  # before loading the target
+        raise ValueError(f"{args.features} holds no features: capture them with `hf-spec data features`")
+    set_threads(args.threads)
+    model, _ = load_model(args.target, device=resolve_device(args.device), **loading_kwargs(args))
+    sequences, heldout, groups, info = store_training_data(
+        store,
+        model,
+        keys or HEAD_KEYS,
+        what,
+        sources=args.sources,
+        limit_tokens=args.limit_tokens,
+        heldout_sources=args.heldout_sources,
+        heldout=args.heldout,
+    )
+    return model, sequences, heldout, groups, store, info
 
 
 def default_run_dir(out: Path) -> Path:

@@ -20,21 +20,15 @@ from hf_spec.cli.argtypes import (
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     from hf_spec.cli.common import add_device_argument
+    from hf_spec.cli.train_eagle import add_store_args
 
     parser = subparsers.add_parser(
         "eagle3", help="train an EAGLE-3 head on stored features (hf-spec data features --aux-layers eagle3)"
     )
     parser.add_argument("--target", required=True, help="target model: known name or local folder")
-    parser.add_argument(
-        "--features",
-        required=True,
-        help="feature store captured with --aux-layers (see `hf-spec data features`)",
-    )
     parser.add_argument("--out", required=True, help="output head folder")
-    parser.add_argument(
-        "--sources", help="train only on these corpus sources (comma-separated id prefixes, e.g. answers)"
-    )
-    parser.add_argument("--limit-tokens", type=positive_int, help="train on the store's first N tokens")
+    # STORE: captured with --aux-layers eagle3 (see `hf-spec data features`)
+    add_store_args(parser, features_required=True)
     parser.add_argument("--align-steps", type=positive_int, default=4, help="training-time-test steps")
     parser.add_argument("--topk", type=nonnegative_int, default=0, help="HASS top-K distillation K (0 = off)")
     parser.add_argument("--topk-weight", type=nonnegative_float, default=1.0)
@@ -48,7 +42,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-len", type=int_at_least(2), default=1024)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--heldout", type=nonnegative_int, default=16, help="sequences held out for evaluation"
+        "--heldout",
+        type=nonnegative_int,
+        default=16,
+        help="prompts held out for evaluation (see --heldout-sources)",
     )
     parser.add_argument("--save-every", type=positive_int, default=50, help="checkpoint every N steps")
     parser.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto")
@@ -58,33 +55,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def select(store, sources: str | None, limit_tokens: int | None) -> set[str]:
-    """The ids of the store's sequences to train on: of `sources` (id prefixes), the first `limit_tokens` tokens."""
-    prefixes = tuple(f"{s.strip()}/" for s in sources.split(",")) if sources else None
-    lengths = store.captured()
-    chosen, total = [], 0
-    for cid in store.ordered_ids():
-        if prefixes is not None and not cid.startswith(prefixes):
-            continue
-        if limit_tokens is not None and total >= limit_tokens:
-            break
-        chosen.append(cid)
-        total += lengths[cid]
-    if not chosen:
-        raise ValueError(f"no sequences of sources {sources!r} in {store.folder}")
-    return set(chosen)
-
-
 def run(args: argparse.Namespace) -> int:
-    from hf_spec.cli.common import resolve_device, set_threads
-    from hf_spec.cli.train_eagle import default_run_dir
+    from hf_spec.cli.train_eagle import default_run_dir, store_data
     from hf_spec.heads.published.eagle3 import SIDECAR, SIDECAR_FORMAT
     from hf_spec.heads.published.write import save_eagle3_head
-    from hf_spec.models.fetch import load_model
     from hf_spec.output_folder import check_output_folder
+    from hf_spec.training.distributed import current_processes
     from hf_spec.training.eagle3 import Eagle3TrainConfig, train_eagle3
     from hf_spec.training.features import FeatureStore
-    from hf_spec.training.lazy_store import lazy_sequences
+    from hf_spec.training.store_data import HEAD_KEYS
 
     out = Path(args.out)
     check_output_folder(out, lambda f: _sidecar_format(f / SIDECAR) == SIDECAR_FORMAT, "EAGLE-3 head")
@@ -99,11 +78,12 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--topk {args.topk} exceeds the {store.topk} target probabilities in {args.features}"
         )
-    set_threads(args.threads)
-    model, _ = load_model(args.target, device=resolve_device(args.device))
-    wanted = select(store, args.sources, args.limit_tokens)
-    keys = ("input_ids", "features", "aux_features", "topk_ids", "topk_logp", "response_mask")
-    sequences = lazy_sequences(store, wanted, keys)  # read batch by batch: the store may not fit in memory
+    processes = current_processes()  # under accelerate launch / torchrun: each trains on its share of a batch
+    # read batch by batch: the store may not fit in memory
+    with processes.main_first():
+        model, sequences, heldout, groups, store, info = store_data(
+            args, "EAGLE-3 training", (*HEAD_KEYS, "aux_features")
+        )
     cfg = Eagle3TrainConfig(
         align_steps=args.align_steps,
         topk=args.topk,
@@ -119,13 +99,18 @@ def run(args: argparse.Namespace) -> int:
         precision=args.precision,
     )
     run_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else default_run_dir(out)
-    head, report = train_eagle3(model, sequences, run_dir, cfg, tuple(store.aux_layers))
+    head, report = train_eagle3(
+        model, sequences, run_dir, cfg, tuple(store.aux_layers), groups=groups, heldout=heldout
+    )
+    if not processes.is_main:  # one process writes the head folder
+        return 0
     command = "hf-spec " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    report |= {"command": command, "features": str(args.features), "sources": args.sources}
+    report |= {"command": command} | info
     save_eagle3_head(out, head, target=model, metadata={"training": report})
     (out / "training_report.json").write_text(json.dumps(report, indent=1) + "\n")
     print(
-        f"saved EAGLE-3 head to {out}: held-out accuracy by depth {report['heldout'].get('accuracy_by_depth')}"
+        f"saved EAGLE-3 head to {out}: held-out accuracy by depth {report['heldout'].get('accuracy_by_depth')}, "
+        f"{report['tokens_per_second']:.0f} trained tokens/s over {report['wall_seconds']} s"
     )
     return 0
 

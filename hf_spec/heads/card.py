@@ -118,9 +118,7 @@ def head_card(
         *_loading_note(target),
         "## Training",
         "",
-        f"- Data: the target's own greedy answers to {report.get('train_conversations')} training conversations "
-        f"(prompts: {_prompt_sources(report)}; never evaluation prompts), {report.get('train_tokens')} tokens; "
-        f"{report.get('heldout_conversations')} conversations held out.",
+        _data_line(report),
         f"- Objective: {_objective(cfg)}.",
         f"- Draft vocabulary: the {cfg.get('draft_vocab')} most frequent answer tokens (they cover "
         f"{report.get('draft_vocab_coverage')} of the {report.get('draft_vocab_coverage_on', 'training')} answer "
@@ -129,6 +127,8 @@ def head_card(
         f"{cfg.get('batch_tokens')} tokens, seed {cfg.get('seed')}; loss {report.get('first_loss')} -> "
         f"{report.get('final_loss')}, held-out loss {_round(heldout.get('loss'))}.",
         f"- Held-out top-1 agreement with the target by draft depth: {heldout.get('accuracy_by_depth')}.",
+        *_time_line(report),
+        *_architecture_line(cfg),
         "- Command:",
         "",
         "```bash",
@@ -211,6 +211,47 @@ def exit_heads_card(
 
 def _round(value: Any) -> Any:
     return round(value, 3) if isinstance(value, float) else value
+
+
+def _time_line(report: dict[str, Any]) -> list[str]:
+    """Wall time and throughput (trained tokens a second, every epoch counted) of the training run."""
+    wall = report.get("wall_seconds")
+    if not wall:
+        return []
+    rate = report.get("tokens_per_second")
+    if rate is None and report.get("train_tokens") and report.get("epochs"):
+        rate = report["train_tokens"] * report["epochs"] / wall  # runs that did not record it
+    threads = shlex.split(report.get("command", ""))
+    threads = next((b for a, b in zip(threads, threads[1:], strict=False) if a == "--threads"), None)
+    on = f" with {threads} threads" if threads else ""
+    speed = f", {rate:,.0f} trained tokens/s" if rate else ""
+    return [f"- Training time: {wall / 3600:.2f} h{on}{speed}."]
+
+
+def _architecture_line(cfg: dict[str, Any]) -> list[str]:
+    if cfg.get("architecture") != "eagle1":
+        return []
+    return [
+        "- Architecture: the published EAGLE-1 layer (`--architecture eagle1`); `hf-spec export --format eagle` "
+        "writes it as the checkpoint vLLM and SGLang load."
+    ]
+
+
+def _data_line(report: dict[str, Any]) -> str:
+    """The card's data line: the target's answers to training prompts, or a feature store's sequences."""
+    if report.get("features"):  # trained with --features
+        held = report.get("heldout_sources") or "the training sources"
+        return (
+            f"- Data: {report.get('train_conversations')} sequences of the feature store "
+            f"`{Path(report['features']).name}` (sources: {report.get('sources') or 'all'}; never evaluation "
+            f"prompts), {report.get('train_tokens')} tokens; {report.get('heldout_conversations')} sequences of "
+            f"{held} held out."
+        )
+    return (
+        f"- Data: the target's own greedy answers to {report.get('train_conversations')} training conversations "
+        f"(prompts: {_prompt_sources(report)}; never evaluation prompts), {report.get('train_tokens')} tokens; "
+        f"{report.get('heldout_conversations')} conversations held out."
+    )
 
 
 def _prompt_sources(report: dict[str, Any]) -> str:

@@ -9,7 +9,8 @@ process then takes the same optimizer step, and the heads stay identical without
 process alone writes checkpoints, reports and the head folder, and shows progress bars and logs.
 
 A checkpoint holds the global state (weights, optimizer, schedule position), so a run resumes with any number of
-processes. One process (plain `hf-spec train`) goes through the same code with `Processes.single()`.
+processes. One process (plain `hf-spec train`) goes through the same code with `Processes.single()`. The trainers
+that share their work out: `train eagle`, `eagle3`, `lyanna` (`training/trainer.py`'s loop) and `exits` (its own).
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def check_single_process(what: str) -> None:
     if _launched_world() > 1:
         raise ValueError(
             f"{what} runs in one process: start it without accelerate launch / torchrun (the head trainers "
-            "`train eagle`, `lyanna`, `exits` share their work out)"
+            "`train eagle`, `eagle3`, `lyanna`, `exits` share their work out)"
         )
 
 

@@ -150,9 +150,10 @@ def train_eagle3(
     hidden_state_indices: tuple[int, ...],
     progress: bool = True,
     groups: list[str] | None = None,
+    heldout: list[dict] | None = None,
 ) -> tuple[Eagle3Head, dict]:
     """Train (or resume) an EAGLE-3 head for `target` on `sequences` with `aux_features` of the target's
-    `hidden_state_indices`; returns `(head, report)`."""
+    `hidden_state_indices`; returns `(head, report)`. `groups`, `heldout`: see `train_head`."""
     torch.manual_seed(cfg.seed)
     config = Eagle3HeadConfig.for_target(target, cfg.draft_vocab, tuple(hidden_state_indices))
     width = config.fused_width
@@ -162,5 +163,5 @@ def train_eagle3(
             f"reading layers {list(hidden_state_indices)} needs {width}"
         )
     trainee = Eagle3Trainee(Eagle3Head(config), target_fingerprint(target))
-    trainee, report = train_head(target, trainee, sequences, out, cfg, eagle3_step, progress, groups)
+    trainee, report = train_head(target, trainee, sequences, out, cfg, eagle3_step, progress, groups, heldout)
     return trainee.export(), report

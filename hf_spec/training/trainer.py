@@ -123,16 +123,24 @@ def run_identity(head, cfg: HeadTrainConfig) -> dict:
     return json.loads(json.dumps({"training": train, "head": head_config}, default=str))
 
 
+# settings added after runs were first recorded: a checkpoint without one was made with this value
+_ADDED_SETTINGS = {"architecture": "hf-spec"}
+
+
 def check_resumable(saved: dict | None, now: dict, out: Path) -> None:
     """Refuse to resume a checkpoint made with other settings (its weights, schedule or shapes would not fit);
     checkpoints from before the settings were recorded (`saved` None) are not checked."""
     if saved is None:
         return
+
+    def was(part: str, key: str):
+        return saved.get(part, {}).get(key, _ADDED_SETTINGS.get(key))
+
     changed = [
-        f"{key} {saved.get(part, {}).get(key)!r} -> {now[part].get(key)!r}"
+        f"{key} {was(part, key)!r} -> {now[part].get(key)!r}"
         for part in now
         for key in sorted(set(now[part]) | set(saved.get(part, {})))
-        if now[part].get(key) != saved.get(part, {}).get(key)
+        if now[part].get(key) != was(part, key)
     ]
     if changed:
         named = "; ".join(dict.fromkeys(changed))  # a setting of both the training and the head: named once
@@ -204,16 +212,22 @@ def train_head(
     step_fn: StepFn,
     progress: bool = True,
     groups: list[str] | None = None,
+    heldout: list[dict] | None = None,
 ):
     """Train (or resume) the fresh `head` for `target` on captured `sequences`; returns `(head, report)`.
-    `groups`: the prompt of each sequence, so that a held-out prompt's sampled answers are held out too. Under
+    `groups`: the prompt of each sequence, so that a held-out prompt's sampled answers are held out too.
+    `heldout`: a fixed held-out set to evaluate on (`training/store_data.py`), all of `sequences` trained on;
+    None: every k-th prompt of `sequences` is held out (`split_heldout`, `cfg.heldout` of them). Under
     `accelerate launch` each process trains on its share of every global batch (`hf_spec.training.distributed`);
     only the main process writes the checkpoint, shows progress and evaluates (the others' report has no
     `heldout` results)."""
     processes = current_processes()
     torch.manual_seed(cfg.seed)
     out = Path(out)
-    train_set, heldout = split_heldout(sequences, cfg.heldout, groups)
+    if heldout is None:
+        train_set, heldout = split_heldout(sequences, cfg.heldout, groups)
+    else:
+        train_set = sequences
     if cfg.heldout and not heldout:
         warnings.warn(
             f"--heldout {cfg.heldout} needs at least {2 * cfg.heldout} prompts, the data has fewer: "
@@ -309,6 +323,7 @@ def train_head(
     bar.close()
     processes.barrier()  # the last checkpoint is written before any process goes on
     head = head.eval()
+    seen = sum(lengths[i] for batch in schedule for i in batch)
     report = {
         "config": asdict(cfg),
         "steps": total_steps,
@@ -319,6 +334,9 @@ def train_head(
         "draft_vocab_coverage": round(coverage, 4),
         "draft_vocab_coverage_on": "held-out" if heldout else "training",
         "wall_seconds": round(extra["wall_seconds"]),
+        # answer and context tokens the steps ran over (every epoch, every process), per second of training
+        "tokens_seen": seen,
+        "tokens_per_second": round(seen / max(extra["wall_seconds"], 1e-9), 1),
         "final_loss": extra["history"][-1]["loss"] if extra["history"] else None,
         "first_loss": extra["history"][0]["loss"] if extra["history"] else None,
         "num_processes": processes.world,

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
+from hf_spec.heads.eagle.eagle1 import HeadLayout
 from hf_spec.heads.eagle.losses import alignment_mask, feature_loss, soft_cross_entropy, topk_loss
 from hf_spec.heads.eagle.modeling import EagleHeadConfig, EagleHeadModel
 from hf_spec.training.trainer import HeadTrainConfig, Unroll, train_head
@@ -15,10 +16,12 @@ from hf_spec.training.trainer import HeadTrainConfig, Unroll, train_head
 
 @dataclass
 class EagleTrainConfig(HeadTrainConfig):
-    """`HeadTrainConfig` plus HASS harmonized objective distillation: `topk` K (0 = off) and its weight."""
+    """`HeadTrainConfig` plus HASS harmonized objective distillation: `topk` K (0 = off) and its weight, and the
+    head's `architecture` (`EagleHeadConfig.layout`: "hf-spec", or "eagle1", the published EAGLE-1 layer)."""
 
     topk: int = 0
     topk_weight: float = 1.0
+    architecture: HeadLayout = "hf-spec"
 
 
 def head_step(
@@ -28,7 +31,7 @@ def head_step(
 
     Position t (index i = t - 1) takes (f_{t-1}, x_t) and predicts u_t and the target's next-token distribution at
     t; step j > 1 feeds the head's own step j-1 output at t-1 as f_{t-1} (HASS)."""
-    d = Unroll.of(head, batch, t2d)
+    d = Unroll.of(head, head.training_batch(batch), t2d)  # eagle1 heads read post-norm states
     f_in, ids, u_tgt, position_ids = d.f_in, d.ids, d.u_tgt, d.position_ids
     n = ids.shape[1]
     cache = DynamicCache()
@@ -63,9 +66,10 @@ def train_eagle(
     cfg: EagleTrainConfig,
     progress: bool = True,
     groups: list[str] | None = None,
+    heldout: list[dict] | None = None,
 ):
     """Train (or resume) an EAGLE/HASS head for `target`; returns `(head, report)`. `groups`: the prompt of each
-    sequence (see `train_head`)."""
+    sequence; `heldout`: a fixed held-out set (see `train_head`)."""
     torch.manual_seed(cfg.seed)  # the head's initial weights too: one --seed, one head
-    head = EagleHeadModel(EagleHeadConfig.for_target(target, cfg.draft_vocab))
-    return train_head(target, head, sequences, out, cfg, head_step, progress, groups)
+    head = EagleHeadModel(EagleHeadConfig.for_target(target, cfg.draft_vocab, layout=cfg.architecture))
+    return train_head(target, head, sequences, out, cfg, head_step, progress, groups, heldout)

@@ -75,9 +75,10 @@ def train_lyanna(
     cfg: LyannaTrainConfig,
     progress: bool = True,
     groups: list[str] | None = None,
+    heldout: list[dict] | None = None,
 ):
     """Train (or resume) a Lyanna head for `target`; returns `(head, report)`. `groups`: the prompt of each
-    sequence (see `train_head`)."""
+    sequence; `heldout`: a fixed held-out set (see `train_head`)."""
     config = LyannaHeadConfig.for_target(
         target,
         cfg.draft_vocab,
@@ -85,4 +86,6 @@ def train_lyanna(
         first_token_fusion=cfg.first_token_fusion,
     )
     torch.manual_seed(cfg.seed)  # the head's initial weights too: one --seed, one head
-    return train_head(target, LyannaHeadModel(config), sequences, out, cfg, lyanna_step, progress, groups)
+    return train_head(
+        target, LyannaHeadModel(config), sequences, out, cfg, lyanna_step, progress, groups, heldout
+    )

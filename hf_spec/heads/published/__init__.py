@@ -19,7 +19,7 @@ from transformers import PreTrainedModel
 
 from hf_spec.heads.base import DraftHeadModel
 from hf_spec.heads.published.eagle import is_eagle_checkpoint, load_eagle_head
-from hf_spec.heads.published.eagle3 import is_eagle3_checkpoint, load_eagle3_checkpoint
+from hf_spec.heads.published.eagle3 import is_eagle3_checkpoint, load_eagle3_checkpoint, verify_folder
 from hf_spec.heads.published.eagle3_model import Eagle3Head
 from hf_spec.heads.published.files import read_config, read_weights
 
@@ -51,6 +51,7 @@ def load_published_head(
     config = read_config(folder, what)
     if not is_published_config(config):
         return None
+    verify_folder(folder, what)  # a folder hf-spec wrote (hf-spec's EAGLE-3 format, an export): its checksums
     tensors = read_weights(folder, what)
     found = detect_format(config, tensors)
     if found is None:

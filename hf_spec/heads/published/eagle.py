@@ -26,8 +26,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from hf_spec.heads.base import DraftHeadConfig
-from hf_spec.heads.eagle.modeling import EagleHeadModel
+from hf_spec.heads.eagle.eagle1 import layer_config
+from hf_spec.heads.eagle.modeling import EagleHeadConfig, EagleHeadModel
 from hf_spec.heads.published.compat import check_fits_target
 
 FORMAT = "eagle"  # EAGLE-1/2, the EAGLE authors' layout
@@ -43,84 +43,23 @@ def is_eagle_checkpoint(config: dict[str, Any], tensors: dict[str, torch.Tensor]
     )
 
 
-def layer_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The decoder-layer fields of a published EAGLE config (EAGLE's layer: Llama's, q/k/v biases with
-    `qkv_bias`, which is Qwen2's layer; `head_dim` is hidden / heads)."""
-    try:
-        hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
-        fields = {
-            "model_type": "qwen2" if config.get("qkv_bias") else "llama",
-            "hidden_size": hidden,
-            "intermediate_size": int(config["intermediate_size"]),
-            "num_attention_heads": heads,
-            "num_key_value_heads": int(config.get("num_key_value_heads") or heads),
-            "head_dim": hidden // heads,
-            "hidden_act": config.get("hidden_act", "silu"),
-            "rms_norm_eps": float(config.get("rms_norm_eps", 1e-6)),
-            "max_position_embeddings": int(config.get("max_position_embeddings", 2048)),
-            "rope_theta": float(config.get("rope_theta", 10000.0)),
-        }
-    except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"config.json lacks or garbles a field of the head's layer ({err!r})") from None
-    if config.get("rope_scaling"):
-        fields["rope_scaling"] = config["rope_scaling"]
-    if fields["model_type"] == "llama":
-        fields |= {"attention_bias": False, "mlp_bias": False}
-    return fields
-
-
 class PublishedEagleHead(EagleHeadModel):
-    """An EAGLE-1/2 head of the EAGLE authors' layout, run by hf-spec's `eagle` drafter."""
+    """An EAGLE-1/2 head of the EAGLE authors' layout: an `eagle1`-layout `EagleHeadModel` (the same layer, inputs
+    and LM-head read, `hf_spec.heads.eagle.modeling`) checked against its target by shapes, as a published
+    checkpoint carries no fingerprint; run by hf-spec's `eagle` drafter."""
 
-    # the drafter feeds the target's post-norm states themselves (`HeadDrafter.target_features`)
-    reads_post_norm_states = True
-
-    def __init__(self, config: DraftHeadConfig, fc_bias: bool = True) -> None:
+    def __init__(self, config: EagleHeadConfig, fc_bias: bool = True) -> None:
         super().__init__(config)
         hidden = config.hidden_size
         self.fc = nn.Linear(2 * hidden, hidden, bias=fc_bias)
-        self.layer.input_layernorm = nn.Identity()  # EAGLE's layer 0 has no input norm
         self.what = "this EAGLE head"
-
-    def forward(
-        self,
-        features: torch.Tensor,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        cache=None,
-    ) -> torch.Tensor:
-        """Args:
-            features: `(batch, q_len, hidden_size)`: the target's post-norm state y_{t-1} (or the head's own
-                h_{t-1}) for each query position t.
-            input_ids: `torch.LongTensor` of shape `(batch, q_len)`, x_t.
-            position_ids: `(batch, q_len)`, t (EAGLE's rotary position is t - 1).
-            attention_mask: additive `(batch, 1, q_len, kv_len)`.
-        Returns:
-            h: `(batch, q_len, hidden_size)`.
-        """
-        embeds = self.parts.embed_tokens(input_ids).to(features.dtype)
-        fused = self.fc(torch.cat([embeds, features], dim=-1))
-        return self.run_layer(fused, position_ids - 1, attention_mask, cache)
 
     def attach_target(self, target: PreTrainedModel) -> PublishedEagleHead:
         """Check the head fits `target` (shapes, vocabulary), move it to the device of the target's LM head and
         borrow the target's embedding and LM head (read without a norm in between)."""
         check_fits_target(self.what, target, self.config.hidden_size, self.config.draft_vocab_size)
-        lm_weight = target.get_output_embeddings().weight
-        self.to(lm_weight.device)
-        self.target_parts = PublishedParts(target.get_input_embeddings(), nn.Identity(), lm_weight.detach())
+        self.attach_published_parts(target)
         return self
-
-
-class PublishedParts:
-    """`TargetParts` of a published head: an embedding, the norm before the LM head (none for EAGLE-1/2) and the
-    LM-head rows of the draft vocabulary."""
-
-    def __init__(self, embed_tokens: nn.Module, norm: nn.Module, lm_weight: torch.Tensor) -> None:
-        self.embed_tokens = embed_tokens
-        self.norm = norm
-        self.lm_weight = lm_weight  # [draft_vocab_size, hidden_size]
 
 
 def load_eagle_head(
@@ -141,8 +80,10 @@ def load_eagle_head(
         fields = layer_config(config)
     except ValueError as err:
         raise ValueError(f"cannot load {what}: {err}") from None
-    head_config = DraftHeadConfig(
-        layer_config=fields, draft_vocab_size=int(target.get_output_embeddings().weight.shape[0])
+    head_config = EagleHeadConfig(
+        layout="eagle1",
+        layer_config=fields,
+        draft_vocab_size=int(target.get_output_embeddings().weight.shape[0]),
     )
     head = PublishedEagleHead(head_config, fc_bias=bool(config.get("bias", True)))
     head.what = what

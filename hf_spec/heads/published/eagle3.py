@@ -32,6 +32,7 @@ from hf_spec.heads.published.compat import check_fits_target
 from hf_spec.heads.published.eagle import load_checked
 from hf_spec.heads.published.eagle3_model import Eagle3Head, Eagle3HeadConfig, default_hidden_state_indices
 from hf_spec.heads.published.files import read_config, read_weights
+from hf_spec.integrity import CHECKSUM_FILE, check_finite, verify_checksums
 from hf_spec.models.fingerprint import check_fingerprint
 
 SIDECAR = "hf_spec.json"  # hf-spec's metadata next to a head it wrote (format version, target fingerprint)
@@ -200,6 +201,15 @@ def canonical_state(
     return state, own_embedding
 
 
+def verify_folder(folder: str | os.PathLike, what: str) -> None:
+    """Check the weights of a head folder hf-spec wrote against its `hf_spec_checksums.json` (`IntegrityError`
+    naming a damaged file; a warning for an hf-spec EAGLE-3 folder saved before checksums, which has only
+    `hf_spec.json`). A third-party folder has neither and is not checked."""
+    folder = Path(folder)
+    if (folder / CHECKSUM_FILE).is_file() or (folder / SIDECAR).is_file():
+        verify_checksums(folder, what)
+
+
 def read_sidecar(folder: str | os.PathLike, what: str) -> dict[str, Any]:
     """hf-spec's `hf_spec.json` next to the checkpoint (empty when absent)."""
     file = Path(folder) / SIDECAR
@@ -226,11 +236,14 @@ def load_eagle3_checkpoint(
     config: dict[str, Any] | None = None,
     tensors: dict[str, torch.Tensor] | None = None,
 ) -> Eagle3Head:
-    """The EAGLE-3 head in `folder`, checked against `target` (and against the target fingerprint hf-spec recorded
-    when it wrote the folder), in the target's dtype on its LM head's device, embedding with the target's unless
-    it stores its own."""
+    """The EAGLE-3 head in `folder`, checked against `target` (and against the target fingerprint and weight
+    checksums hf-spec recorded when it wrote the folder), in the target's dtype on its LM head's device, embedding
+    with the target's unless it stores its own. Given `tensors`, the caller has checked the folder
+    (`verify_folder`)."""
     config = read_config(folder, what) if config is None else config
-    tensors = read_weights(folder, what) if tensors is None else tensors
+    if tensors is None:
+        verify_folder(folder, what)
+        tensors = read_weights(folder, what)
     sidecar = read_sidecar(folder, what)
     if sidecar.get("target"):
         check_fingerprint(sidecar["target"], target, what)
@@ -245,6 +258,7 @@ def load_eagle3_checkpoint(
     state, own_embedding = canonical_state(tensors, cfg, target, what)
     head = Eagle3Head(cfg, own_embeddings=own_embedding).to(next(target.parameters()).dtype)
     load_checked(head, state, what)
+    check_finite(head, what)
     return place_on_target(head.eval(), target)
 
 
@@ -265,4 +279,5 @@ __all__ = [
     "load_eagle3_checkpoint",
     "place_on_target",
     "read_sidecar",
+    "verify_folder",
 ]

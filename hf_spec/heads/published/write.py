@@ -10,6 +10,11 @@ hf-spec's own EAGLE-3 head folder (the contract `hf-spec train eagle3` writes an
                          head has its own)
     hf_spec.json         {"format": "hf_spec_eagle3", "format_version": 1, "layout", "hidden_state_indices",
                          "target": the target's fingerprint (when known), ...metadata}
+    hf_spec_checksums.json   sha256 of the weights, written last and checked at load (`hf_spec.integrity`)
+
+Every folder written here gets the checksum list (engines ignore the extra file); an `eagle1`-layout hf-spec
+EAGLE head (`hf-spec train eagle --architecture eagle1`) is written in the EAGLE authors' layout
+(`eagle1_checkpoint`).
 """
 
 from __future__ import annotations
@@ -23,8 +28,10 @@ import torch
 from safetensors.torch import save_file
 from transformers import PreTrainedModel
 
+from hf_spec.heads.eagle.eagle1 import EAGLE1, config_of_layer
 from hf_spec.heads.published.eagle3 import SIDECAR, SIDECAR_FORMAT, SIDECAR_VERSION
 from hf_spec.heads.published.eagle3_model import Eagle3Head, Eagle3HeadConfig
+from hf_spec.integrity import CHECKSUM_FILE, write_checksums
 from hf_spec.models.fingerprint import target_fingerprint
 
 Eagle3Layout = Literal["sglang", "vllm"]
@@ -159,8 +166,7 @@ def save_eagle3_head(
     stored = dtype or state["fc.weight"].dtype
     name = str(getattr(target, "name_or_path", "") or "") or None
     architectures = list(getattr(getattr(target, "config", None), "architectures", None) or [])
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = start_folder(folder)
     config_json = eagle3_config_json(config, layout, name, architectures, stored)
     (folder / "config.json").write_text(json.dumps(config_json, indent=2) + "\n")
     save_file(tensors, str(folder / WEIGHTS), metadata={"format": "pt"})
@@ -174,6 +180,16 @@ def save_eagle3_head(
     if target is not None:
         sidecar["target"] = target_fingerprint(target) | {"name_or_path": name}
     (folder / SIDECAR).write_text(json.dumps(sidecar | (metadata or {}), indent=2) + "\n")
+    write_checksums(folder, [WEIGHTS])  # last: a folder with a checksum list was written whole
+    return folder
+
+
+def start_folder(folder: str | os.PathLike) -> Path:
+    """Create `folder`, dropping the checksum list of an earlier save into it: until the new list is written the
+    folder counts as unchecked, never as a stale list over new weights."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / CHECKSUM_FILE).unlink(missing_ok=True)
     return folder
 
 
@@ -206,11 +222,52 @@ def save_eagle_checkpoint(
     kept = {k: (v.to(dtype) if dtype is not None else v).detach().cpu().contiguous() for k, v in kept.items()}
     config = dict(config) | {"bias": "fc.bias" in kept, "num_hidden_layers": 1}
     config["torch_dtype"] = str(kept["fc.weight"].dtype).removeprefix("torch.")
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = start_folder(folder)
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     save_file(kept, str(folder / WEIGHTS), metadata={"format": "pt"})
+    write_checksums(folder, [WEIGHTS])  # last
     return folder
 
 
-__all__ = ["eagle3_config_json", "eagle3_weights", "save_eagle3_head", "save_eagle_checkpoint"]
+def eagle1_checkpoint(
+    config: dict[str, Any], tensors: dict[str, torch.Tensor], what: str
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """An `eagle1`-layout hf-spec EAGLE head (its `config.json` object and tensors) as the EAGLE authors'
+    `(config.json, tensors)`: the config its layer fields describe (`config_of_layer`), `layer.*` named
+    `layers.0.*`, the draft-vocabulary map dropped (an `eagle1` head drafts over the whole vocabulary in token-id
+    order, as the published layout does)."""
+    if config.get("layout") != EAGLE1:
+        raise ValueError(f"{what} is not an eagle1-layout EAGLE head")
+    vocab = int(config.get("draft_vocab_size", 0))
+    target_vocab = (config.get("target") or {}).get("vocab_size")
+    d2t = tensors.get("d2t")
+    if (target_vocab is not None and vocab != int(target_vocab)) or (
+        d2t is None or not torch.equal(d2t.long(), torch.arange(vocab))
+    ):
+        raise ValueError(
+            f"{what}: an eagle1 head drafts over the whole vocabulary in token-id order, this one's d2t or "
+            "draft_vocab_size says otherwise: a damaged or hand-edited folder"
+        )
+    try:
+        published = config_of_layer(config["layer_config"], vocab, fc_bias="fc.bias" in tensors)
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{what}: its layer is not the EAGLE-1 layer ({err})") from None
+    weights = {
+        ("layers.0." + k.removeprefix("layer.") if k.startswith("layer.") else k): v
+        for k, v in tensors.items()
+        if k != "d2t"
+    }
+    unknown = sorted(k for k in weights if not k.startswith(("fc.", "layers.0.")))
+    if unknown:
+        raise ValueError(f"{what} holds weights the EAGLE-1 layout has no place for: {unknown[:5]}")
+    return published, weights
+
+
+__all__ = [
+    "eagle1_checkpoint",
+    "eagle3_config_json",
+    "eagle3_weights",
+    "save_eagle3_head",
+    "save_eagle_checkpoint",
+    "start_folder",
+]
