@@ -94,11 +94,12 @@ def plot_speedups(results: dict, path: str | Path) -> None:
     overall = per_prompt(results, "speedup")
     width = 0.8 / max(len(summary), 1)
     fig, ax = plt.subplots(figsize=(max(7.0, 1.3 * len(groups) + 3.5), 4.2))
+    palette = plt.get_cmap("tab20" if len(summary) > 10 else "tab10")  # tab10 repeats after ten methods
     for i, (name, e) in enumerate(summary.items()):
         xs = [j + (i - (len(summary) - 1) / 2) * width for j in range(len(groups))]
         vals = [e["per_group"].get(g, 0.0) for g in groups[:-1]] + [e["speedup_vs_ar"]]
         label = f"{short_label(name, target)}: {e['speedup_vs_ar']:.2f}x, {e['tokens_per_s']:.1f} tok/s"
-        ax.bar(xs, vals, width, label=label)
+        ax.bar(xs, vals, width, label=label, color=palette(i % palette.N))
         points = [spread[name].get(g, []) for g in groups[:-1]] + [overall.get(name, [])]
         for x, ys in zip(xs, points, strict=True):
             ax.scatter([x] * len(ys), ys, s=7, color="black", alpha=0.55, zorder=3, linewidths=0)
