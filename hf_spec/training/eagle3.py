@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from hf_spec.heads.eagle.losses import alignment_mask, soft_cross_entropy, topk_loss
+from hf_spec.heads.eagle.losses import alignment_mask
 from hf_spec.heads.published.eagle3_model import Eagle3Head, Eagle3HeadConfig
 from hf_spec.models.fingerprint import check_fingerprint, target_fingerprint
 from hf_spec.training.trainer import HeadTrainConfig, Unroll, train_head
@@ -128,17 +128,9 @@ def eagle3_step(
     states = unrolled_states(trainee, aux, d.ids, d.position_ids, cfg.align_steps)
     for j, h in enumerate(states, start=1):
         logp = torch.log_softmax(trainee.head.logits(h).float(), dim=-1)  # [B, n, V_draft]
-        m = d.depth_mask(j)
-        l_ce = soft_cross_entropy(logp, d.target_logits, m)
-        step_loss = cfg.ce_weight * l_ce
-        parts["ce"] += l_ce.item() / cfg.align_steps
-        if cfg.topk:
-            l_top = topk_loss(logp, d.topk_ids, d.topk_logq, m, cfg.topk)
-            step_loss = step_loss + cfg.topk_weight * l_top
-            parts["topk"] += l_top.item() / cfg.align_steps
-        loss = loss + step_loss / cfg.align_steps
-        with torch.no_grad():
-            accs.append(float(((logp.argmax(-1) == d.topk_ids[..., 0]) * m).sum() / m.sum().clamp(min=1)))
+        l_tokens, agreement = d.token_loss(logp, j, cfg, parts)
+        loss = loss + l_tokens / cfg.align_steps
+        accs.append(agreement)
     return loss, accs, parts
 
 

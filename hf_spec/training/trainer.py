@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from hf_spec.heads.eagle.losses import soft_cross_entropy, topk_loss
 from hf_spec.training.batches import collate, draft_vocabulary, training_schedule, vocabulary_coverage
 from hf_spec.training.distributed import current_processes
 from hf_spec.training.loop import Checkpoint, warmup_linear_decay
@@ -69,6 +70,24 @@ class Unroll:
         m = self.mask.clone()
         m[:, : depth - 1] = 0
         return m
+
+    def token_loss(
+        self, logp: torch.Tensor, depth: int, cfg: HeadTrainConfig, parts: dict[str, float]
+    ) -> tuple[torch.Tensor, float]:
+        """The token-level loss of draft depth `depth` (`logp` `(B, n, V_draft)` the head's log-probabilities):
+        `ce_weight` x soft cross-entropy, plus `topk_weight` x HASS top-K distillation when `cfg.topk`; returns
+        `(loss, top-1 agreement)` and adds each part, averaged over `cfg.align_steps`, to `parts`."""
+        m = self.depth_mask(depth)
+        l_ce = soft_cross_entropy(logp, self.target_logits, m)
+        loss = cfg.ce_weight * l_ce
+        parts["ce"] = parts.get("ce", 0.0) + l_ce.item() / cfg.align_steps
+        if getattr(cfg, "topk", 0):
+            l_top = topk_loss(logp, self.topk_ids, self.topk_logq, m, cfg.topk)
+            loss = loss + cfg.topk_weight * l_top
+            parts["topk"] = parts.get("topk", 0.0) + l_top.item() / cfg.align_steps
+        with torch.no_grad():
+            agreement = float(((logp.argmax(-1) == self.topk_ids[..., 0]) * m).sum() / m.sum().clamp(min=1))
+        return loss, agreement
 
 
 @dataclass

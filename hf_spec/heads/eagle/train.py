@@ -9,7 +9,7 @@ import torch
 from transformers import DynamicCache
 
 from hf_spec.heads.eagle.eagle1 import HeadLayout
-from hf_spec.heads.eagle.losses import alignment_mask, feature_loss, soft_cross_entropy, topk_loss
+from hf_spec.heads.eagle.losses import alignment_mask, feature_loss
 from hf_spec.heads.eagle.modeling import EagleHeadConfig, EagleHeadModel
 from hf_spec.training.trainer import HeadTrainConfig, Unroll, train_head
 
@@ -42,19 +42,11 @@ def head_step(
         attn = alignment_mask(n, j)[None, None].to(ids.device)
         h = head(f, ids, position_ids, attn, cache)
         logp = torch.log_softmax(head.draft_logits(h).float(), dim=-1)
-        m = d.depth_mask(j)
-        l_feat = feature_loss(h, u_tgt, m)
-        l_ce = soft_cross_entropy(logp, d.target_logits, m)
-        step_loss = cfg.feature_weight * l_feat + cfg.ce_weight * l_ce
+        l_feat = feature_loss(h, u_tgt, d.depth_mask(j))
         parts["feature"] += l_feat.item() / cfg.align_steps
-        parts["ce"] += l_ce.item() / cfg.align_steps
-        if cfg.topk:
-            l_top = topk_loss(logp, d.topk_ids, d.topk_logq, m, cfg.topk)
-            step_loss = step_loss + cfg.topk_weight * l_top
-            parts["topk"] += l_top.item() / cfg.align_steps
-        loss = loss + step_loss / cfg.align_steps
-        with torch.no_grad():
-            accs.append(float(((logp.argmax(-1) == d.topk_ids[..., 0]) * m).sum() / m.sum().clamp(min=1)))
+        l_tokens, agreement = d.token_loss(logp, j, cfg, parts)
+        loss = loss + (cfg.feature_weight * l_feat + l_tokens) / cfg.align_steps
+        accs.append(agreement)
         f = torch.cat([f_in[:, :1], h[:, :-1]], dim=1)
     return loss, accs, parts
 
