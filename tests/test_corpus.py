@@ -193,3 +193,40 @@ def test_committed_manifest_names_licence_and_origin_of_every_source(target):
     for name, source in manifest["sources"].items():
         assert source["licence"] and source["origin"], name
         assert f"`{name}`" in provenance, f"{name} missing from data/corpus/PROVENANCE.md"
+
+
+def test_more_answers_skip_the_store_the_heldout_prompts_and_evaluation_text(tmp_path):
+    import importlib.util
+
+    from hf_spec.training.prompts import TrainPrompt
+    from hf_spec.training.responses import Conversation, sampled_id
+
+    spec = importlib.util.spec_from_file_location("answers_corpus", REPO / "scripts" / "answers_corpus.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    class Tok:  # token ids -> text: each id is a letter
+        def decode(self, ids, skip_special_tokens=True):
+            return " ".join(chr(ord("a") + i) for i in ids)
+
+    prompts = {p: TrainPrompt(p, (("user", f"question {p}"),)) for p in ("old", "new", "held", "evalish")}
+    prompts["evalish"] = TrainPrompt("evalish", (("user", EVAL_QUESTION),))
+    convs = [
+        Conversation("old", [1], [0, 1]),  # greedy answer the store holds
+        Conversation(sampled_id("old", 1), [1], [2, 3]),  # sampled: kept, as answers-sampled
+        Conversation("new", [1], [4]),  # greedy answer to a prompt the store lacks: answers-more
+        Conversation(sampled_id("held", 1), [1], [5]),  # sampled answer to a held-out prompt: refused
+        Conversation("gone", [1], [6]),  # its prompt is not in the prompt files
+        Conversation("empty", [1], []),
+        Conversation("evalish", [1], [7]),  # the prompt overlaps an evaluation question
+    ]
+    prompts["empty"] = TrainPrompt("empty", (("user", "q"),))
+    docs, skipped = module.answer_documents(
+        convs, prompts, Tok(), have={"old", "held"}, heldout={"held"}, eval_filter=eval_filter(tmp_path)
+    )
+    assert [(d.id, d.source) for d in docs] == [
+        ("answers-sampled/old#sample1", "answers-sampled"),
+        ("answers-more/new", "answers-more"),
+    ]
+    assert docs[1].messages == (("user", "question new"), ("assistant", "e"))
+    assert skipped == {"in store": 1, "held out": 1, "no prompt": 1, "empty": 1, "evaluation overlap": 1}
