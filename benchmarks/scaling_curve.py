@@ -273,7 +273,7 @@ def results_markdown(results: dict) -> str:
         f"# Data-scaling curve: `{results['method']}` heads",
         "",
         f"- Command: `{results['command']}`",
-        f"- Machine: {m['cpu']}, {m['cores']} cores, {m['torch_threads'] or 'default'} torch threads; "
+        f"- Machine: {m['cpu']}, {m['cores']} cores, torch threads per run: {m['torch_threads'] or 'default'}; "
         f"torch {m['torch']}, transformers {m['transformers']}",
         f"- Date: {results['date']}; commit {results['commit']}",
         "- Held-out set: "
