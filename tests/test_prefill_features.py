@@ -185,3 +185,14 @@ def test_cli_captures_a_corpus_and_refuses_prompts_with_it(stories, tmp_path, ke
         main([*args, "--prompts", str(corpus)])
     with pytest.raises(ValueError, match="--aux-layers"):
         main([*args, "--features-dir", str(tmp_path / "x"), "--aux-layers", "low,high"])
+
+
+def test_a_second_corpus_joins_a_store_and_its_progress_counts_its_own_tokens(stories, tmp_path):
+    model, tok = stories
+    first = capture_corpus(model, tok, stories_docs(6), tmp_path, topk=4, shard_tokens=40, progress=False)
+    more = [Document(f"more/{d.id.split('/')[1]}", "more", d.messages) for d in stories_docs(3)]
+    store = capture_corpus(model, tok, more, tmp_path, topk=4, shard_tokens=40, progress=False)
+    added = store.num_tokens - first.num_tokens
+    assert store.done[: len(first.done)] == first.done and len(store.done) == len(first.done) + 3
+    progress = json.loads((tmp_path / "progress.json").read_text())
+    assert progress["tokens_done"] == progress["tokens_total"] == added

@@ -124,19 +124,24 @@ class ProgressLog:
 
     def __init__(
         self,
-        total_tokens: int,
-        start_tokens: int,
+        sequences: list[tuple[str, list[int], list[int]]],
+        store: FeatureStore,
         log_file: str | os.PathLike | None,
         min_free_gb: float = 10.0,
     ):
-        self.total = total_tokens
-        self.start_tokens = start_tokens  # already in the store when this run began
+        self.total = sum(len(s[1]) for s in sequences)
+        self.ids = {s[0] for s in sequences}  # a store may hold other corpora's sequences too
+        self.start_tokens = self.tokens_done(store)  # already in the store when this run began
         self.log_file = log_file
         self.min_free_gb = min_free_gb
         self.started = time.time()
 
+    def tokens_done(self, store: FeatureStore) -> int:
+        """Tokens of this corpus's sequences the store holds."""
+        return sum(n for cid, n in store.captured().items() if cid in self.ids)
+
     def __call__(self, store: FeatureStore) -> None:
-        done = store.num_tokens
+        done = self.tokens_done(store)
         elapsed = time.time() - self.started
         rate = (done - self.start_tokens) / max(elapsed, 1e-9)
         left = max(self.total - done, 0) / rate if rate > 0 else float("inf")
@@ -190,8 +195,7 @@ def capture_corpus(
     eos = model.generation_config.eos_token_id
     eos_ids = [eos] if isinstance(eos, int) else list(eos or [tokenizer.eos_token_id])
     sequences = limited(corpus_sequences(documents, tokenizer, max_len, eos_ids), limit_tokens)
-    total = sum(len(s[1]) for s in sequences)
-    logger = ProgressLog(total, FeatureStore.open(folder).num_tokens, log_file, min_free_gb)
+    logger = ProgressLog(sequences, FeatureStore.open(folder), log_file, min_free_gb)
 
     def after_shard(store: FeatureStore) -> None:
         logger(store)
