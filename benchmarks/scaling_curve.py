@@ -279,10 +279,16 @@ def results_markdown(results: dict) -> str:
         "- Held-out set: "
         + ("the same sequences for every arm" if results["same_heldout_set"] else "DIFFERS between arms"),
         "",
-        "| arm | sources | trained tokens | steps | wall s | tokens/s | "
+        "| arm | sources | tokens | steps | wall s | tokens/s | "
         + " | ".join(f"depth {d}" for d in range(1, DEPTHS + 1))
         + " | status |",
         "|---|---|---:|---:|---:|---:|" + "---:|" * DEPTHS + "---|",
+    ]
+    notes = [
+        "",
+        "Tokens: of the arm's training sequences, prompt and text (the loss reads the trained messages' positions); "
+        "tokens/s: tokens of every step over the training wall time. Depth d: held-out top-1 agreement with the "
+        "target d tokens ahead, the head reading its own states from depth 2 on.",
     ]
     for r in results["arms"]:
         acc = list(r.get("heldout_accuracy_by_depth") or [])
@@ -301,7 +307,7 @@ def results_markdown(results: dict) -> str:
         ]
         cells += [r.get("tokens_per_second"), *acc, status]
         lines.append("| " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + notes) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
