@@ -162,7 +162,8 @@ def load_runs(root: Path) -> dict[str, list[tuple[str, dict]]]:
         for p in sorted(cls_dir.iterdir()):
             if (p / "results.json").is_file():
                 results = json.loads((p / "results.json").read_text())
-                if "summary" not in results:  # another script's results (a scaling curve, ...), not a bench run
+                # another script's results (a scaling curve, ...), not a bench run
+                if "summary" not in results:
                     continue
                 results["_file"] = str((p / "results.json").resolve())  # for the model cards; never written
                 runs.append((p.name, results))
