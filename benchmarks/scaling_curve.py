@@ -219,7 +219,7 @@ def arm_row(arm: dict, status: str, message: str) -> dict:
         "requested_tokens": arm["requested"],
         "limit_tokens": arm["limit"],
         "short": arm["short"],
-        "status": status,
+        "status": "done" if status == "skipped" else status,  # an arm finished by an earlier run is done
         "message": message,
     }
     path = arm["folder"] / "head" / "training_report.json"
