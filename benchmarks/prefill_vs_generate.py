@@ -31,19 +31,21 @@ sys.path.insert(0, str(REPO))  # hf_spec from this checkout
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    from hf_spec.cli.argtypes import positive_int
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True)
     p.add_argument("--corpus", required=True, help="a corpus JSONL (scripts/build_corpus.py)")
     p.add_argument("--prompts", required=True, help="training prompts (ShareGPT .json or Alpaca .jsonl)")
     p.add_argument("--out", required=True)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=positive_int, default=2)
     p.add_argument("--aux-layers", default="eagle3", help="eagle3, or none")
-    p.add_argument("--topk", type=int, default=16)
-    p.add_argument("--prefill-tokens", type=int, default=30000)
-    p.add_argument("--generate-prompts", type=int, default=16)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--topk", type=positive_int, default=16)
+    p.add_argument("--prefill-tokens", type=positive_int, default=30000)
+    p.add_argument("--generate-prompts", type=positive_int, default=16)
+    p.add_argument("--batch-size", type=positive_int, default=8)
+    p.add_argument("--max-new-tokens", type=positive_int, default=128)
     return p.parse_args(argv)
 
 
