@@ -255,3 +255,31 @@ def test_select_hidden_states_joins_layers_in_order():
         ValueError, match=r"reads the target's hidden states \[2, 16\], but this forward returned 5"
     ):
         select_hidden_states(hs, (2, 16))
+
+
+@pytest.mark.parametrize("quantize", [None, "int8", "int4"])
+def test_eagle_drafting_fields_stay_lossless(tmp_path, quantize):
+    """`vocab_limit`, `quantize` and `max_catch_up` are `eagle`'s fields: a head whose draft vocabulary is
+    most-frequent first (as `hf-spec train eagle3` saves it) drafts from its first rows, packed, exactly."""
+    target = _target("qwen2")
+    write_eagle3_checkpoint(tmp_path / "h", target, "sglang", [0, 3, 5], seed=4)
+    head = load_eagle3_head(str(tmp_path / "h"), target)
+    head.set_vocab_mapping(head.draft_token_ids().flip(0))  # not in token-id order
+    config = Eagle3Config(depth=3, topk=2, total_tokens=6, vocab_limit=16, quantize=quantize, max_catch_up=8)
+    drafter = Eagle3Drafter(config, target, head=head)
+    assert drafter.lm_weight.shape[0] == 16 and head.lm_head not in drafter.quantized
+    assert bool(drafter.quantized) == (quantize is not None)
+    dec = SpeculativeDecoder(drafter)
+    ids = prompt_ids(12, seed=7)
+    ref = target.generate(ids, max_new_tokens=30, do_sample=False)
+    assert torch.equal(target.generate(ids, max_new_tokens=30, do_sample=False, custom_generate=dec), ref)
+    assert dec.last_stats.draft_tokens > 0
+
+
+def test_vocab_limit_on_a_vocabulary_in_token_id_order_is_refused(tmp_path):
+    target = _target("llama")
+    write_eagle3_checkpoint(tmp_path / "h", target, "vllm", [1, 4, 6], seed=2)  # published: by token id
+    with pytest.raises(ValueError, match="token-id order"):
+        Eagle3Drafter(Eagle3Config(head=str(tmp_path / "h"), vocab_limit=8), target)
+    with pytest.raises(ValueError, match="eagle3: vocab_limit and max_catch_up must be >= 0"):
+        Eagle3Config(head=str(tmp_path / "h"), vocab_limit=-1)

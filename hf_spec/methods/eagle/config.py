@@ -47,9 +47,9 @@ class EagleConfig(MethodConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.depth < 1 or self.topk < 1 or self.total_tokens < 1:
-            raise ValueError("eagle: depth, topk and total_tokens must be >= 1")
+            raise ValueError(f"{self.method}: depth, topk and total_tokens must be >= 1")
         if self.vocab_limit < 0 or self.max_catch_up < 0:
-            raise ValueError("eagle: vocab_limit and max_catch_up must be >= 0")
+            raise ValueError(f"{self.method}: vocab_limit and max_catch_up must be >= 0")
 
     @classmethod
     def from_cli_arg(cls, arg: str | None) -> EagleConfig:

@@ -102,7 +102,14 @@ class Eagle3Drafter(EagleDrafter):
         self, config: Eagle3Config, model: PreTrainedModel, tokenizer=None, head: Eagle3Head | None = None
     ) -> None:
         head = head if head is not None else load_eagle3_head(config.head, model)
+        ids = head.draft_token_ids()
+        if config.vocab_limit and len(ids) > 1 and bool((ids[1:] > ids[:-1]).all()):
+            raise ValueError(
+                f"eagle3: vocab_limit {config.vocab_limit} drafts from the first rows of the head's draft "
+                "vocabulary, but this head keeps it in token-id order (not most-frequent first): set vocab_limit 0"
+            )
         super().__init__(config, model, tokenizer, head=Eagle3DecodingHead(head))
+        self.quantized.pop(head.lm_head, None)  # drafting reads `lm_weight` (packed as `lm_quantized`)
         # the target states the engine hands over: the head's low/mid/high layers, joined
         self.hidden_state_layers = tuple(head.config.hidden_state_indices)
 
