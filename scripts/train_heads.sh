@@ -3,8 +3,10 @@
 # feature store (scripts/build_corpus.py, then AUX=1 scripts/capture_corpus.sh <target>).
 # Usage: scripts/train_heads.sh <target> <hass|eagle|lyanna|eagle3> [extra hf-spec train args...]
 # Environment: FEATURES (default: the store capture_corpus.sh writes), EPOCHS (default 1), THREADS (default 2),
-# LIMIT_TOKENS (train on the first N tokens of the store; default: all of it), LOW (a command that lowers the
-# priority, e.g. `nice -n 19`).
+# BATCH_TOKENS (default 1024) and LR (default 3e-4): smaller batches than the trainers' default, as more steps
+# paid at equal tokens (docs/training.md, "Steps, learning rate and objective at equal tokens"); LIMIT_TOKENS
+# (train on the first N tokens of the store; default: all of it), LOW (a command that lowers the priority, e.g.
+# `nice -n 19`).
 # Each run checkpoints to $HF_SPEC_CACHE/runs/<head folder name>-<path hash>; the held-out set is the same 16 of
 # the target's answers for every head (--heldout-sources auto), so their agreement figures compare.
 set -euo pipefail
@@ -18,6 +20,7 @@ esac
 store=${FEATURES:-$cache/corpus/${CORPUS:-v1}/features/$target-bfloat16-eagle3}
 [ -d "$store" ] || { echo "no feature store at $store: run scripts/capture_corpus.sh $target first" >&2; exit 2; }
 common=(--target "$target" --features "$store" --draft-vocab "$vocab" --epochs "${EPOCHS:-1}" --threads "${THREADS:-2}"
+        --batch-tokens "${BATCH_TOKENS:-1024}" --lr "${LR:-3e-4}"
         ${LIMIT_TOKENS:+--limit-tokens "$LIMIT_TOKENS"})
 run=(${LOW:-} hf-spec train)
 case $kind in
