@@ -99,10 +99,11 @@ def update_card(folder: str | Path, results_files: list[str]) -> int:
     if (folder / "training_report.json").is_file():  # a draft head
         report = json.loads((folder / "training_report.json").read_text())
         method = json.loads((folder / "hf_spec_config.json").read_text())["method"]
-        kind = (
-            "Lyanna" if method == "lyanna" else ("HASS" if report.get("config", {}).get("topk") else "EAGLE")
-        )
-        target = Path(config["target"]["name_or_path"]).name
+        hass = "HASS" if report.get("config", {}).get("topk") else "EAGLE"
+        kind = {"lyanna": "Lyanna", "eagle3": "EAGLE-3"}.get(method, hass)
+        # an EAGLE-3 folder keeps its target in the hf_spec.json sidecar (config.json is the SGLang layout's)
+        holder = json.loads((folder / "hf_spec.json").read_text()) if method == "eagle3" else config
+        target = Path(holder["target"]["name_or_path"]).name
         # the head's own method only, not hybrids that use it
         rows = [r for r in rows if r["method"].partition(":")[0] == method]
         card = head_card(kind, method, target, report, report.get("command", ""), rows)

@@ -3,7 +3,9 @@ steps see what drafting sees, a head learns, resumes, reads lazily from a store,
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +20,7 @@ from hf_spec.training.lazy_store import lazy_sequences
 from tests.conftest import STORIES, make_tiny_model, prompt_ids
 
 LAYERS = (1, 2, 3)
+REPO = Path(__file__).resolve().parent.parent
 KEYS = ("input_ids", "features", "aux_features", "topk_ids", "topk_logp", "response_mask")
 
 
@@ -108,8 +111,34 @@ def test_cli_trains_and_saves_a_loadable_eagle3_folder(stories, tmp_path, keep_t
 
     head = load_eagle3_head(str(out), model)
     assert head.config.draft_vocab_size == 64
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"  # --save-dtype default
+    card = (out / "README.md").read_text()
+    assert "# EAGLE-3 draft head" in card and "training-time test over 4 steps" in card
+    assert "eagle3:{HEAD}" in card and "--features" in card  # how to use it, and the command that trained it
+    recipe = json.loads((out / "hf_spec_config.json").read_text())
+    assert recipe["method"] == "eagle3" and recipe["head"] == "."
+    # the folder's own recipe, through transformers' custom_generate, is the target's greedy output
+    ids = torch.tensor([[1, 5, 6, 7, 8]])
+    ref = model.generate(ids, max_new_tokens=12, do_sample=False)
+    out_ids = model.generate(
+        ids, max_new_tokens=12, do_sample=False, custom_generate=str(out), trust_remote_code=True
+    )
+    assert torch.equal(out_ids, ref)
+    # scripts/update_head_card.py rewrites the card as the canonical report does, keeping what training wrote
+    update_card = _script("update_head_card").update_card
+    before = card
+    (out / "README.md").write_text("stale")
+    assert update_card(out, []) == 0 and (out / "README.md").read_text() == before
     with pytest.raises(ValueError, match="no sequences"):
         main([*args, "--out", str(tmp_path / "h2"), "--sources", "python-docs"])
     bare = capture_sequences(model, [("a", [1, 5, 6, 7], [0, 1, 1, 1])], tmp_path / "bare", progress=False)
     with pytest.raises(ValueError, match="--aux-layers eagle3"):
         main([*args[:4], "--features", str(bare.folder), "--out", str(tmp_path / "h3")])
+
+
+def _script(name: str):
+    """A module of the repository's scripts/ folder."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

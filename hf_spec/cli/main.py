@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import pkgutil
+import shlex
 import sys
 
 from hf_spec import envs
@@ -38,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run a sub-command; errors propagate (for callers and tests), see `console_main` for the shell."""
     args = build_parser().parse_args(argv)
+    # the command as given (for training reports and model cards): `argv` when called from Python, else the shell's
+    args.command_line = "hf-spec " + shlex.join(sys.argv[1:] if argv is None else argv)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

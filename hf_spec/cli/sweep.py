@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import shlex
 import sys
 from pathlib import Path
 
@@ -123,7 +122,7 @@ def run_hispec(args: argparse.Namespace) -> int:
             f"HiSpec speedup vs ar, {args.target}, N_d={args.num_draft_tokens}, N_i={args.num_buffer_tokens}",
         )
     pair = best_config(grid, summary) if summary else grid[0]
-    command = "hf-spec sweep hispec " + " ".join(shlex.quote(a) for a in sys.argv[3:])
+    command = args.command_line
     if summary:  # written now too, so a run stopped during the size sweep keeps the grid
         write_sweep(out, {"summary": summary, "best": config_label(pair), "command": command})
     sizes = [dataclasses.replace(pair, num_draft_tokens=n) for n in args.nd_values]

@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import shlex
-import sys
 from pathlib import Path
 
 from hf_spec.cli.argtypes import (
@@ -171,7 +169,7 @@ def train_and_save(args: argparse.Namespace, cfg, train_fn, recipe_cls, kind: st
     head, report = train_fn(model, sequences, run_dir, cfg, groups=groups, heldout=heldout)
     if not processes.is_main:  # one process writes the head folder
         return 0
-    command = "hf-spec " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = args.command_line
     report = report | {"command": command} | info
     head.config.training = report
     card = head_card(kind, recipe_cls.method, Path(args.target).name, report, command)

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import sys
 from pathlib import Path
 
 from hf_spec.cli.argtypes import (
@@ -51,14 +49,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto")
     parser.add_argument("--threads", type=positive_int, help="torch CPU threads")
     parser.add_argument("--checkpoint-dir", help="default: $HF_SPEC_CACHE/runs/<out name>-<hash of its path>")
+    parser.add_argument(
+        "--save-dtype",
+        choices=("bfloat16", "float16", "float32"),
+        default="bfloat16",
+        help="dtype of the saved weights (published EAGLE-3 heads are bfloat16 or float16)",
+    )
     add_device_argument(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     from hf_spec.cli.train_eagle import default_run_dir, store_data
+    from hf_spec.heads.card import head_card
+    from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER, write_recipe_and_card
     from hf_spec.heads.published.eagle3 import SIDECAR, SIDECAR_FORMAT
     from hf_spec.heads.published.write import save_eagle3_head
+    from hf_spec.methods.eagle3 import Eagle3Config
     from hf_spec.output_folder import check_output_folder
     from hf_spec.training.distributed import current_processes
     from hf_spec.training.eagle3 import Eagle3TrainConfig, train_eagle3
@@ -104,10 +113,15 @@ def run(args: argparse.Namespace) -> int:
     )
     if not processes.is_main:  # one process writes the head folder
         return 0
-    command = "hf-spec " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = args.command_line
     report |= {"command": command} | info
-    save_eagle3_head(out, head, target=model, metadata={"training": report})
+    out.mkdir(parents=True, exist_ok=True)
+    card = head_card("EAGLE-3", "eagle3", Path(args.target).name, report, command)
+    write_recipe_and_card(out, Eagle3Config(head=HEAD_IN_THIS_FOLDER), card)
     (out / "training_report.json").write_text(json.dumps(report, indent=1) + "\n")
+    # the weights and sidecar last: their checksum list marks the folder written whole
+    dtype = getattr(torch, args.save_dtype)
+    save_eagle3_head(out, head, target=model, metadata={"training": report}, dtype=dtype)
     print(
         f"saved EAGLE-3 head to {out}: held-out accuracy by depth {report['heldout'].get('accuracy_by_depth')}, "
         f"{report['tokens_per_second']:.0f} trained tokens/s over {report['wall_seconds']} s"

