@@ -14,7 +14,7 @@ target=$1; kind=$2; shift 2
 cache=${HF_SPEC_CACHE:-$HOME/.cache/hf-spec}
 case $target in
   smollm2-135m-instruct) vocab=16384 ;;
-  qwen2.5-coder-0.5b-instruct) vocab=32768 ;;
+  qwen2.5-coder-0.5b-instruct) vocab=16384 ;;  # trains 1.5x as fast as 32768 at the same agreement
   *) echo "unknown target $target" >&2; exit 2 ;;
 esac
 store=${FEATURES:-$cache/corpus/${CORPUS:-v1}/features/$target-bfloat16-eagle3}
