@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
 from pathlib import Path
 
@@ -138,3 +139,12 @@ def run_in_bfloat16(model, spec: str, seeds=(1, 2), new: int = 32):
         out = target.generate(ids, max_new_tokens=new, do_sample=False, custom_generate=dec)
         assert_equal_up_to_ties(target, ids, out, ref)
     return target, dec
+
+
+def load_script(name: str):
+    """A module of the repository's scripts/ folder (`scripts/<name>.py`), imported from its file."""
+    path = Path(__file__).resolve().parent.parent / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

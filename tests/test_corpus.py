@@ -196,14 +196,11 @@ def test_committed_manifest_names_licence_and_origin_of_every_source(target):
 
 
 def test_more_answers_skip_the_store_the_heldout_prompts_and_evaluation_text(tmp_path):
-    import importlib.util
-
     from hf_spec.training.prompts import TrainPrompt
     from hf_spec.training.responses import Conversation, sampled_id
+    from tests.conftest import load_script
 
-    spec = importlib.util.spec_from_file_location("answers_corpus", REPO / "scripts" / "answers_corpus.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("answers_corpus")
 
     class Tok:  # token ids -> text: each id is a letter
         def decode(self, ids, skip_special_tokens=True):

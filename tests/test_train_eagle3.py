@@ -3,9 +3,7 @@ steps see what drafting sees, a head learns, resumes, reads lazily from a store,
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,10 +15,9 @@ from hf_spec.models.fingerprint import target_fingerprint
 from hf_spec.training.eagle3 import Eagle3TrainConfig, Eagle3Trainee, train_eagle3, unrolled_states
 from hf_spec.training.features import FeatureStore, capture_sequences
 from hf_spec.training.lazy_store import lazy_sequences
-from tests.conftest import STORIES, make_tiny_model, prompt_ids
+from tests.conftest import STORIES, load_script, make_tiny_model, prompt_ids
 
 LAYERS = (1, 2, 3)
-REPO = Path(__file__).resolve().parent.parent
 KEYS = ("input_ids", "features", "aux_features", "topk_ids", "topk_logp", "response_mask")
 
 
@@ -125,7 +122,7 @@ def test_cli_trains_and_saves_a_loadable_eagle3_folder(stories, tmp_path, keep_t
     )
     assert torch.equal(out_ids, ref)
     # scripts/update_head_card.py rewrites the card as the canonical report does, keeping what training wrote
-    update_card = _script("update_head_card").update_card
+    update_card = load_script("update_head_card").update_card
     before = card
     (out / "README.md").write_text("stale")
     assert update_card(out, []) == 0 and (out / "README.md").read_text() == before
@@ -134,11 +131,3 @@ def test_cli_trains_and_saves_a_loadable_eagle3_folder(stories, tmp_path, keep_t
     bare = capture_sequences(model, [("a", [1, 5, 6, 7], [0, 1, 1, 1])], tmp_path / "bare", progress=False)
     with pytest.raises(ValueError, match="--aux-layers eagle3"):
         main([*args[:4], "--features", str(bare.folder), "--out", str(tmp_path / "h3")])
-
-
-def _script(name: str):
-    """A module of the repository's scripts/ folder."""
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module

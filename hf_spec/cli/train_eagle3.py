@@ -115,7 +115,6 @@ def run(args: argparse.Namespace) -> int:
         return 0
     command = args.command_line
     report |= {"command": command} | info
-    out.mkdir(parents=True, exist_ok=True)
     card = head_card("EAGLE-3", "eagle3", Path(args.target).name, report, command)
     write_recipe_and_card(out, Eagle3Config(head=HEAD_IN_THIS_FOLDER), card)
     (out / "training_report.json").write_text(json.dumps(report, indent=1) + "\n")

@@ -92,6 +92,7 @@ def write_recipe_and_card(folder: str | os.PathLike, recipe: MethodConfig, card:
     """Write the decoding recipe (`hf_spec_config.json`), `custom_generate/` and the model card (`README.md`) into a
     head folder; the caller writes the weights' checksums after them."""
     folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
     recipe.save_pretrained(folder)
     (folder / "custom_generate").mkdir(exist_ok=True)
     text = json.dumps(recipe.to_dict())

@@ -121,14 +121,18 @@ def int4_group_size(in_features: int) -> int:
     return next((g for g in (64, 128, 32, 256) if in_features % g == 0), 0)
 
 
-def quantize_linears(module: nn.Module, scheme: str, **kwargs) -> dict[nn.Linear, QuantizedWeight]:
+def quantize_linears(
+    module: nn.Module, scheme: str, skip: torch.Tensor | None = None, **kwargs
+) -> dict[nn.Linear, QuantizedWeight]:
     """Packed copies of the `nn.Linear` weights in `module` (the module itself is left unchanged); int4 leaves
     out the shapes its kernel cannot take, and weights it cannot read (quantized tensor subclasses such as
-    torchao's, offloaded `meta` placeholders: those layers draft with their own weights)."""
+    torchao's, offloaded `meta` placeholders: those layers draft with their own weights). `skip`: a weight packed
+    elsewhere (a head's LM head, read through its own packed copy); a layer holding it is left out."""
     return {
         m: QuantizedWeight.from_weight(m.weight, scheme, **kwargs)
         for m in module.modules()
         if type(m) is nn.Linear
+        and (skip is None or m.weight.data_ptr() != skip.data_ptr())
         and type(m.weight.data) is torch.Tensor
         and m.weight.device.type != "meta"
         and (scheme != "int4" or (int4_group_size(m.in_features) and m.out_features % 16 == 0))

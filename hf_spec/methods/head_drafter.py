@@ -106,7 +106,8 @@ class HeadDrafter(Drafter):
         self.lm_weight = self.head.parts.lm_weight[: limit or full]
         scheme = getattr(config, "quantize", "")
         # packed copies for drafting (the head module itself stays as loaded)
-        self.quantized = quantize_linears(self.head, scheme) if scheme else {}
+        # (a head with its own LM head, as EAGLE-3's, holds those rows in a layer: they are packed once, below)
+        self.quantized = quantize_linears(self.head, scheme, skip=self.lm_weight) if scheme else {}
         self.lm_quantized = QuantizedWeight.from_weight(self.lm_weight, scheme) if scheme else None
         self.norm = model.model.norm
         self.device = self.lm_weight.device  # the head's and the target LM head's

@@ -32,13 +32,5 @@ class Eagle3Config(EagleConfig):
     """
 
     method: ClassVar[str] = "eagle3"
-    main_arg: ClassVar[str] = "head"
 
     head: str | None = field(default=None, metadata={"help": "EAGLE-3 head folder or Hub id"})
-
-    @classmethod
-    def from_cli_arg(cls, arg: str | None) -> Eagle3Config:
-        """`eagle3:<head folder>`, `eagle3:<Hub id>` or `eagle3:<config.json>`."""
-        from hf_spec.methods.head_drafter import head_config_from_cli_arg
-
-        return head_config_from_cli_arg(cls, arg)

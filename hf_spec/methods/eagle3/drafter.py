@@ -109,7 +109,6 @@ class Eagle3Drafter(EagleDrafter):
                 "vocabulary, but this head keeps it in token-id order (not most-frequent first): set vocab_limit 0"
             )
         super().__init__(config, model, tokenizer, head=Eagle3DecodingHead(head))
-        self.quantized.pop(head.lm_head, None)  # drafting reads `lm_weight` (packed as `lm_quantized`)
         # the target states the engine hands over: the head's low/mid/high layers, joined
         self.hidden_state_layers = tuple(head.config.hidden_state_indices)
 
