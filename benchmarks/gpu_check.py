@@ -454,13 +454,13 @@ def main(argv: list[str] | None = None) -> int:
     backends = ["torch", "triton"] if triton_available() else ["torch"]
     report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "dtype": str(dtype).removeprefix("torch."), "shapes": []}  # fmt: skip
-    for shape in shapes:
-        report["shapes"].append(check_shape(shape, device, dtype, cfg, backends, args.rounds))
-        print(f"{shape}: {report['shapes'][-1]['seconds']:.0f} s", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu_check.json").write_text(json.dumps(report, indent=1))
-    (out / "gpu_check.md").write_text(markdown(report))
+    for shape in shapes:  # the report is written after each shape: a run cut short keeps what it measured
+        report["shapes"].append(check_shape(shape, device, dtype, cfg, backends, args.rounds))
+        print(f"{shape}: {report['shapes'][-1]['seconds']:.0f} s", flush=True)
+        (out / "gpu_check.json").write_text(json.dumps(report, indent=1))
+        (out / "gpu_check.md").write_text(markdown(report))
     print(markdown(report))
     return 0
 

@@ -39,7 +39,7 @@ def sampled_marginals_pvalues(
     from tests.test_sampling import NEW, TEMP, TOP_P, exact_marginals
 
     options, procs = sampling or ({"temperature": TEMP, "top_p": TOP_P}, None)
-    prompt = torch.tensor([[1, 5, 7, 3, 9]])
+    prompt = torch.tensor([[1, 5, 7, 3, 9]], device=target.device)
     expected = exact_marginals(target, prompt, procs)
     decoder = decoder_factory()
     kw = dict(max_new_tokens=NEW, do_sample=True, top_k=0, pad_token_id=0) | options

@@ -59,7 +59,9 @@ class SampledTreeDrafter(Drafter):
             tokens.append(tok), parents.append(-1), rows.append(torch.zeros(V))
         if max_depth >= 2:
             for parent in range(self.width):
-                qc = self._q(torch.cat([state.input_ids, torch.tensor([[tokens[parent]]])], dim=1))
+                qc = self._q(
+                    torch.cat([state.input_ids, state.input_ids.new_tensor([[tokens[parent]]])], dim=1)
+                )
                 tokens.append(int(torch.multinomial(qc, 1))), parents.append(parent), rows.append(qc)
         return DraftTree(torch.tensor(tokens), torch.tensor(parents), torch.stack(rows))
 
@@ -74,7 +76,7 @@ def exact_marginals(
 
     def dist(prefix: tuple) -> torch.Tensor:
         if prefix not in probs_of:
-            ids = torch.cat([prompt[0], torch.tensor(prefix, dtype=torch.long)])[None]
+            ids = torch.cat([prompt[0], prompt.new_tensor(prefix, dtype=torch.long)])[None]
             with torch.no_grad():
                 logits = model(input_ids=ids).logits[:, -1].float()
             probs_of[prefix] = torch.softmax(procs(ids, logits), -1)[0]

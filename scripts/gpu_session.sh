@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One GPU loan's checks, in order of cost, each writing under OUT (default runs/gpu-session) as it finishes:
+# the machine, the CUDA tests (tests/test_cuda.py: every method lossless on CUDA with both backends, sampling
+# chi-square), then benchmarks/gpu_check.py (1B- then 8B-shaped random-weight targets). Sized for ~9 minutes on
+# one H100; each step has its own time limit so a slow one cannot starve the next.
+#   scripts/gpu_session.sh [OUT]
+set -u
+OUT=${1:-${OUT:-runs/gpu-session}}
+mkdir -p "$OUT"
+export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+unset TRITON_INTERPRET
+if ! python -c "import pytest" 2>/dev/null && [ -d .gpu-deps ]; then
+    export PYTHONPATH=$PWD/.gpu-deps${PYTHONPATH:+:$PYTHONPATH}  # pytest carried in (pip install --target)
+fi
+{
+    date -u
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+    python -c "import sys, torch, transformers; print(sys.version); print('torch', torch.__version__, 'cuda', torch.version.cuda); print('transformers', transformers.__version__)"
+    python -c "import triton; print('triton', triton.__version__)" || echo "no triton"
+    lscpu | grep -E 'Model name|^CPU\(s\)'
+} > "$OUT/machine.txt" 2>&1
+cat "$OUT/machine.txt"
+timeout "${TEST_S:-240}" python -m pytest -v -p no:cacheprovider -m gpu tests/test_cuda.py --durations=15 \
+    > "$OUT/test_cuda.txt" 2>&1
+echo "tests: rc $?"; tail -n 25 "$OUT/test_cuda.txt"
+timeout "${CHECK_S:-300}" python benchmarks/gpu_check.py --out "$OUT/gpu-check" --shapes 1b,8b \
+    --rounds benchmarks/results/rounds/qwen2.5-coder-0.5b-instruct.json > "$OUT/gpu_check.log" 2>&1
+echo "gpu check: rc $?"; tail -n 60 "$OUT/gpu_check.log"
