@@ -33,6 +33,8 @@ def attention_windows(model: PreTrainedModel) -> list[int | None]:
     if cached is not None and cached[0] == key:
         return cached[1]
     types, kwargs = get_layer_types_and_kwargs(config)
+    if isinstance(kwargs, dict):  # transformers before 5.24: one set of keyword arguments for every layer
+        kwargs = [kwargs] * len(types)
     unsupported = sorted({t for t in types if t not in SUPPORTED})
     if unsupported:
         raise ValueError(
