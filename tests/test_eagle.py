@@ -23,7 +23,14 @@ from hf_spec.methods.postuse import PostUseConfig, PostUseDrafter
 from hf_spec.training.features import FeatureStore, capture_features
 from hf_spec.training.responses import Conversation
 from hf_spec.tree.masks import causal_mask
-from tests.conftest import CACHE, OUTPUT_CACHE, make_tiny_model, prompt_ids, run_in_bfloat16
+from tests.conftest import (
+    CACHE,
+    OUTPUT_CACHE,
+    assert_equal_up_to_ties,
+    make_tiny_model,
+    prompt_ids,
+    run_in_bfloat16,
+)
 
 
 def random_head(model, vocab: int = 64) -> EagleHeadModel:
@@ -460,3 +467,20 @@ def test_batch_with_a_one_token_row(trained):
     dec = SpeculativeDecoder(EagleDrafter(EagleConfig(depth=3, topk=2), model, head=head), batches="batched")
     assert torch.equal(model.generate(ids, **kwargs, custom_generate=dec), model.generate(ids, **kwargs))
     assert dec.last_stats.draft_tokens > 0
+
+
+def test_a_float32_head_drafts_in_a_bfloat16_targets_precision():
+    """A head passed in as a module is cast to the target's dtype, as a head loaded from a folder is (on a GPU,
+    a float32 head's logits against the target's bfloat16 LM head would fail in the matmul)."""
+    target = make_tiny_model("llama").to(torch.bfloat16)
+    head = random_head(make_tiny_model("llama"))
+    drafter = EagleDrafter(EagleConfig(depth=3, topk=2, total_tokens=6), target, head=head)
+    assert drafter.dtype is torch.bfloat16 and next(drafter.head.parameters()).dtype is torch.bfloat16
+    ids = prompt_ids(12, seed=4)
+    ref = target.generate(ids, max_new_tokens=20, do_sample=False)
+    out = target.generate(
+        ids, max_new_tokens=20, do_sample=False, custom_generate=SpeculativeDecoder(drafter)
+    )
+    assert_equal_up_to_ties(
+        target, ids, out, ref
+    )  # bfloat16: a tree forward rounds as a one-token one may not

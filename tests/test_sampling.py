@@ -56,7 +56,7 @@ class SampledTreeDrafter(Drafter):
             rest[tok] = 0
         if rest.sum() > 0:  # deterministic leaf: argmax of what is left
             tok = int(rest.argmax())
-            tokens.append(tok), parents.append(-1), rows.append(torch.zeros(V))
+            tokens.append(tok), parents.append(-1), rows.append(q.new_zeros(V))
         if max_depth >= 2:
             for parent in range(self.width):
                 qc = self._q(

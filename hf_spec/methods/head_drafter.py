@@ -93,7 +93,10 @@ class HeadDrafter(Drafter):
 
     def __init__(self, config, model, tokenizer=None, head: DraftHeadModel | None = None) -> None:
         super().__init__(config, model, tokenizer)
-        if head is not None:
+        if head is not None:  # drafted in the target's precision, as a head loaded from a folder is
+            dtype = next(model.parameters()).dtype
+            if dtype.is_floating_point and next(head.parameters()).dtype != dtype:
+                head = head.to(dtype)
             self.head = head.attach_target(model)
         else:
             self.head = load_draft_head(self.head_cls, config.head, model, config.method)
