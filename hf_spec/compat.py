@@ -77,3 +77,15 @@ def generate_frame_local(name: str, max_hops: int = 6):
 def streamer_from_generate_frame():
     """The `streamer` given to the calling `generate` (5.x drops it before a callable `custom_generate`)."""
     return generate_frame_local("streamer")
+
+
+def layer_types_and_kwargs(config) -> tuple[list[str], list[dict]]:
+    """Each decoder layer's attention type and cache-layer keyword arguments (`sliding_window`, ...), from
+    transformers' `get_layer_types_and_kwargs`, which returns one dict per layer from 5.24 and one dict for every
+    layer before."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    types, kwargs = get_layer_types_and_kwargs(config)
+    if isinstance(kwargs, dict):
+        kwargs = [kwargs] * len(types)
+    return list(types), list(kwargs)

@@ -407,3 +407,24 @@ def test_check_command(capsys):
     assert main(["check", "--target", str(STORIES)]) == 0
     out = capsys.readouterr().out
     assert "LlamaForCausalLM (llama)" in out and "tree verification" in out and "hispec" in out
+
+
+def test_layer_kwargs_of_older_transformers(monkeypatch):
+    """Before 5.24 transformers gave one dict of cache-layer arguments for every layer: the windows are the same."""
+    from transformers import cache_utils
+
+    from hf_spec import compat
+    from hf_spec.verify.windows import attention_windows
+
+    model = build("mistral-window")
+    want = attention_windows(model)
+    real = cache_utils.get_layer_types_and_kwargs
+
+    def one_dict(config):
+        types, kwargs = real(config)
+        return types, kwargs[0] if isinstance(kwargs, list) else kwargs
+
+    monkeypatch.setattr(cache_utils, "get_layer_types_and_kwargs", one_dict)
+    assert compat.layer_types_and_kwargs(model.config)[1] == [{"sliding_window": WINDOW}] * len(want)
+    model.__dict__.pop("_hf_spec_windows", None)
+    assert attention_windows(model) == want == [WINDOW] * len(want)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import get_layer_types_and_kwargs
+
+from hf_spec.compat import layer_types_and_kwargs
 
 SUPPORTED = ("full_attention", "sliding_attention")
 # the config fields transformers derives layer types and windows from
@@ -32,9 +33,7 @@ def attention_windows(model: PreTrainedModel) -> list[int | None]:
     cached = model.__dict__.get("_hf_spec_windows")
     if cached is not None and cached[0] == key:
         return cached[1]
-    types, kwargs = get_layer_types_and_kwargs(config)
-    if isinstance(kwargs, dict):  # transformers before 5.24: one set of keyword arguments for every layer
-        kwargs = [kwargs] * len(types)
+    types, kwargs = layer_types_and_kwargs(config)
     unsupported = sorted({t for t in types if t not in SUPPORTED})
     if unsupported:
         raise ValueError(
