@@ -1,4 +1,4 @@
-"""The GPU check: one command that measures what hf-spec's loop costs on a GPU, sized for 8 minutes on one H100.
+"""The GPU check: one command that measures what hf-spec's loop costs on a GPU (the 1B shape: ~2.5 min on an H200).
 
     python benchmarks/gpu_check.py --out DIR [--rounds FILE ...]   # FILE: `hf-spec bench --record-rounds FILE`
     python benchmarks/gpu_check.py --out DIR --tiny       # CPU, tiny shapes, Triton's interpreter: keeps it working
