@@ -80,7 +80,12 @@ def _snapshot(repo: str, revision: str | None, what: str, name: str, allow_patte
     local = f"there is no local folder {name!r}, and the Hugging Face Hub repo {at}"
     incomplete = getattr(errors, "IncompleteSnapshotError", ())
     try:
-        return snapshot_download(repo, revision=revision, allow_patterns=allow_patterns)
+        # offline, the cache is all there is: said explicitly, since some huggingface_hub versions still try to
+        # list a commit's files on the Hub when the revision is a commit hash
+        offline = bool(constants.HF_HUB_OFFLINE)
+        return snapshot_download(
+            repo, revision=revision, allow_patterns=allow_patterns, local_files_only=offline
+        )
     except (errors.RepositoryNotFoundError, errors.GatedRepoError) as err:
         raise HubIdError(
             f"{what} {name!r}: {local} does not exist or needs access (log in with `hf auth login` or set "
