@@ -347,3 +347,20 @@ def test_init_from_last_layer_reaches_the_training_config():
             ["train", kind, "--target", "t", "--prompts", "p.json", "--out", "o", "--init-from-last-layer"]
         )
         assert common_train_config(args)["init_from_last_layer"] is True
+
+
+def test_exit_heads_record_the_command_as_given(tmp_path, keep_threads):
+    """The exit heads' card and config carry the command line as it was typed, every flag included."""
+    data = tmp_path / "responses.jsonl"
+    story = "Once upon a time there was a little girl named Lily. She liked to play outside."
+    data.write_text(
+        "".join(json.dumps({"prompt": f"Tell story {i}.", "response": story}) + "\n" for i in range(6))
+    )
+    out = tmp_path / "exits"
+    argv = ["train", "exits", "--target", str(STORIES), "--layers", "2", "--data", str(data), "--out", str(out),
+            "--heldout", "2", "--steps", "2", "--batch-size", "8", "--negatives", "4", "--draft-vocab", "64",
+            "--threads", "1"]  # fmt: skip
+    assert main(argv) == 0
+    command = "hf-spec " + " ".join(argv)
+    assert json.loads((out / "config.json").read_text())["training"]["command"] == command
+    assert command in (out / "README.md").read_text()

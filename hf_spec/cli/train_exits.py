@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import shlex
 import sys
 from pathlib import Path
 
@@ -151,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         vocab = draft_vocabulary(tokenizer, rows[args.heldout :], args.vocab_texts, args.draft_vocab)
         heads.set_draft_vocab(vocab)
         coverage = float(torch.isin(held_feats.top_ids[:, 0], heads.draft_vocab).float().mean())
-    command = "hf-spec train exits " + " ".join(shlex.quote(a) for a in _argv_of(args))
+    command = args.command_line  # as given to `hf-spec` (set by hf_spec.cli.main)
     heads.config.training = {
         "data": data,
         "train_sequences": len(kept),
@@ -196,27 +195,3 @@ def draft_vocabulary(tokenizer, rows: list[dict], vocab_texts: str, size: int):
         texts += vocabulary_texts(path)
     ids = [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
     return frequent_tokens(ids, size, always=list(tokenizer.all_special_ids))
-
-
-def _argv_of(args: argparse.Namespace) -> list[str]:
-    out = ["--target", args.target, "--layers", args.layers, "--out", args.out, "--data", args.data]
-    defaults = {
-        "rank": 64,
-        "steps": 600,
-        "batch_size": 256,
-        "lr": 2e-3,
-        "top_k": 32,
-        "negatives": 1024,
-        "max_positions": 60000,
-        "max_len": 384,
-        "heldout": 24,
-        "draft_vocab": 32768,
-        "seed": 0,
-    }
-    for key, default in defaults.items():
-        value = getattr(args, key)
-        if value != default:
-            out += ["--" + key.replace("_", "-"), str(value)]
-    if args.vocab_texts:
-        out += ["--vocab-texts", args.vocab_texts]
-    return out
