@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 
 from hf_spec.cli.argtypes import positive_int
@@ -93,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     if recorder is not None:
         recorder.write(args.record_rounds)
         print(f"wrote the rounds of every method to {args.record_rounds}")
-    results["command"] = "hf-spec bench " + " ".join(shlex.quote(a) for a in _argv_of(args))
+    results["command"] = args.command_line  # as given to `hf-spec` (set by hf_spec.cli.main)
     write_outputs(results, args.out)
     print(markdown_table(results))
     print(f"wrote {args.out}/results.json, results.md, speedup.png")
@@ -103,23 +102,3 @@ def run(args: argparse.Namespace) -> int:
 def _holds_bench_results(folder) -> bool:
     """An earlier `hf-spec bench` output folder (its results may be replaced)."""
     return (folder / "results.json").is_file()
-
-
-def _argv_of(args: argparse.Namespace) -> list[str]:
-    out = ["--target", args.target, "--methods", args.methods, "--prompts", args.prompts]
-    if args.limit:
-        out += ["--limit", str(args.limit)]
-    if args.per_category:
-        out += ["--per-category", str(args.per_category)]
-    out += ["--max-new-tokens", str(args.max_new_tokens)]
-    if args.turns != "first":
-        out += ["--turns", args.turns]
-    if args.check_lossless:
-        out.append("--check-lossless")
-    if args.threads:
-        out += ["--threads", str(args.threads)]
-    if args.dtype != "float32":
-        out += ["--dtype", args.dtype]
-    if args.record_rounds:
-        out += ["--record-rounds", args.record_rounds]
-    return out + ["--out", args.out]
