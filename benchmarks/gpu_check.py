@@ -289,6 +289,7 @@ def kernel_pairs(model, cfg: dict) -> dict:
     scale = torch.full((draft_vocab,), 0.1, device=dev, dtype=model.dtype)
     raw, valid = torch.randn(draft_vocab, device=dev), torch.ones(8, device=dev)
     rows = torch.randn(10, conf.vocab_size, device=dev, dtype=model.dtype)
+    narrow = {w: rows[:, :w].contiguous() for w in (8192, 32000) if w < conf.vocab_size}
 
     def seeded(fn):  # the same random numbers for both
         generator = torch.Generator(device=dev)
@@ -306,6 +307,10 @@ def kernel_pairs(model, cfg: dict) -> dict:
         "tree_mask": (lambda: tm.tree_inputs(parents, cfg["context"], model.dtype),
                       lambda: tm.tree_inputs_reference(parents, cfg["context"], model.dtype)),
         "draft_topk": (lambda: dt.draft_topk(rows, 10), lambda: dt.draft_topk_reference(rows, 10)),
+        # the draft vocabularies heads decode with (vocab_limit 8192; a 32K draft vocabulary): the row's width
+        # decides between one program a row and torch's top-k
+        **{f"draft_topk@{w}": (lambda r=narrow[w]: dt.draft_topk(r, 10), lambda r=narrow[w]: dt.draft_topk_reference(r, 10))
+           for w in narrow},
         "token_info_topk": (lambda: ti.token_info_topk(raw, 8, 8, valid, factors=(low, w2, scale)),
                             lambda: ti.token_info_topk_reference(raw, 8, 8, valid, factors=(low, w2, scale))),
     }  # fmt: skip
