@@ -131,3 +131,45 @@ def test_cli_trains_and_saves_a_loadable_eagle3_folder(stories, tmp_path, keep_t
     bare = capture_sequences(model, [("a", [1, 5, 6, 7], [0, 1, 1, 1])], tmp_path / "bare", progress=False)
     with pytest.raises(ValueError, match="--aux-layers eagle3"):
         main([*args[:4], "--features", str(bare.folder), "--out", str(tmp_path / "h3")])
+
+
+@pytest.mark.parametrize("topk", [0, 4])
+def test_logits_at_trained_positions_only_give_the_same_loss_and_gradients(tmp_path, topk):
+    """The LM head runs on the trained rows only (not on padding and prompts): the loss, its gradients and the
+    agreement equal those of logits at every position."""
+    from hf_spec.training import eagle3 as eagle3_training
+    from hf_spec.training.batches import collate
+    from hf_spec.training.trainer import Unroll
+
+    model = make_tiny_model("qwen2", temperature=16.0)
+    sequences = captured(model, tmp_path / "features", count=3).load_sequences(keys=KEYS)
+    sequences[1] = {k: v[:30] for k, v in sequences[1].items()}  # a shorter row: padding in the batch
+    batch = collate(sequences, 512)
+    torch.manual_seed(0)
+    cfg = Eagle3TrainConfig(draft_vocab=96, align_steps=3, topk=topk)
+    trainee = Eagle3Trainee(
+        Eagle3Head(Eagle3HeadConfig.for_target(model, 96, LAYERS)), target_fingerprint(model)
+    )
+    trainee.attach_target(model)
+    t2d = torch.arange(96)
+    d = Unroll.of(trainee, batch, t2d)
+    assert 0 < int(d.trained.sum()) < d.trained.numel()
+
+    def run(select: bool):
+        trainee.zero_grad()
+        loss, accs, parts = torch.zeros(()), [], {}
+        for j, h in enumerate(
+            unrolled_states(trainee, batch["aux_features"][:, :-1], d.ids, d.position_ids, 3), 1
+        ):
+            logits = trainee.head.logits(h[d.trained] if select else h)
+            l_tokens, agreement = d.token_loss(torch.log_softmax(logits.float(), -1), j, cfg, parts)
+            loss, accs = loss + l_tokens / 3, [*accs, agreement]
+        loss.backward()
+        return loss.detach(), accs, [p.grad.clone() for p in trainee.head.parameters() if p.grad is not None]
+
+    full, selected = run(False), run(True)
+    assert torch.allclose(full[0], selected[0], rtol=1e-5) and full[1] == selected[1]
+    for a, b in zip(full[2], selected[2], strict=True):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+    step_loss, step_accs, _ = eagle3_training.eagle3_step(trainee, batch, cfg, t2d)  # what training runs
+    assert torch.allclose(step_loss, selected[0], rtol=1e-5) and step_accs == selected[1]

@@ -127,7 +127,9 @@ def eagle3_step(
     accs, parts = [], {"ce": 0.0, "topk": 0.0}
     states = unrolled_states(trainee, aux, d.ids, d.position_ids, cfg.align_steps)
     for j, h in enumerate(states, start=1):
-        logp = torch.log_softmax(trainee.head.logits(h).float(), dim=-1)  # [B, n, V_draft]
+        logp = torch.log_softmax(
+            trainee.head.logits(h[d.trained]).float(), dim=-1
+        )  # [N, V_draft] trained rows
         l_tokens, agreement = d.token_loss(logp, j, cfg, parts)
         loss = loss + l_tokens / cfg.align_steps
         accs.append(agreement)

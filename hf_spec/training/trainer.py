@@ -71,22 +71,37 @@ class Unroll:
         m[:, : depth - 1] = 0
         return m
 
+    @property
+    def trained(self) -> torch.Tensor:
+        """`(B, n)` bool: the positions any depth's loss reads (answer tokens, not padding); `h[d.trained]` keeps
+        the head's logits to those rows, which `token_loss` accepts."""
+        return self.mask > 0
+
     def token_loss(
         self, logp: torch.Tensor, depth: int, cfg: HeadTrainConfig, parts: dict[str, float]
     ) -> tuple[torch.Tensor, float]:
-        """The token-level loss of draft depth `depth` (`logp` `(B, n, V_draft)` the head's log-probabilities):
-        `ce_weight` x soft cross-entropy, plus `topk_weight` x HASS top-K distillation when `cfg.topk`; returns
-        `(loss, top-1 agreement)` and adds each part, averaged over `cfg.align_steps`, to `parts`."""
-        m = self.depth_mask(depth)
-        l_ce = soft_cross_entropy(logp, self.target_logits, m)
+        """The token-level loss of draft depth `depth` (`logp`: the head's log-probabilities, `(B, n, V_draft)`, or
+        `(N, V_draft)` at the `trained` positions only: the same loss without the LM head's work on padding and
+        prompts): `ce_weight` x soft cross-entropy, plus `topk_weight` x HASS top-K distillation when `cfg.topk`;
+        returns `(loss, top-1 agreement)` and adds each part, averaged over `cfg.align_steps`, to `parts`."""
+        m, target, top_ids, top_logq = (
+            self.depth_mask(depth),
+            self.target_logits,
+            self.topk_ids,
+            self.topk_logq,
+        )
+        if logp.dim() == 2:
+            rows = self.trained
+            m, target, top_ids, top_logq = m[rows], target[rows], top_ids[rows], top_logq[rows]
+        l_ce = soft_cross_entropy(logp, target, m)
         loss = cfg.ce_weight * l_ce
         parts["ce"] = parts.get("ce", 0.0) + l_ce.item() / cfg.align_steps
         if getattr(cfg, "topk", 0):
-            l_top = topk_loss(logp, self.topk_ids, self.topk_logq, m, cfg.topk)
+            l_top = topk_loss(logp, top_ids, top_logq, m, cfg.topk)
             loss = loss + cfg.topk_weight * l_top
             parts["topk"] = parts.get("topk", 0.0) + l_top.item() / cfg.align_steps
         with torch.no_grad():
-            agreement = float(((logp.argmax(-1) == self.topk_ids[..., 0]) * m).sum() / m.sum().clamp(min=1))
+            agreement = float(((logp.argmax(-1) == top_ids[..., 0]) * m).sum() / m.sum().clamp(min=1))
         return loss, agreement
 
 

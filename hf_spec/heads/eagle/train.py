@@ -41,7 +41,7 @@ def head_step(
     for j in range(1, cfg.align_steps + 1):
         attn = alignment_mask(n, j)[None, None].to(ids.device)
         h = head(f, ids, position_ids, attn, cache)
-        logp = torch.log_softmax(head.draft_logits(h).float(), dim=-1)
+        logp = torch.log_softmax(head.draft_logits(h[d.trained]).float(), dim=-1)  # [N, V_draft] trained rows
         l_feat = feature_loss(h, u_tgt, d.depth_mask(j))
         parts["feature"] += l_feat.item() / cfg.align_steps
         l_tokens, agreement = d.token_loss(logp, j, cfg, parts)
