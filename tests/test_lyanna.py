@@ -295,3 +295,47 @@ def test_plain_steps_drop_the_resampled_subtree(trained, monkeypatch):
     assert torch.equal(model.generate(ids, **kwargs, custom_generate=dec), model.generate(ids, **kwargs))
     assert dec.last_stats.plain_rounds > 0 and dec.last_stats.accepted_tokens > 0
     assert any(dropped)
+
+
+def test_training_loss_at_trained_positions_equals_the_loss_over_every_position(trained):
+    """`lyanna_step` runs the LM head on the trained positions only; the loss and the agreement equal those of
+    logits computed at every position and masked."""
+    from hf_spec.heads.eagle.losses import soft_cross_entropy
+    from hf_spec.heads.lyanna.train import lyanna_step, masked_mse
+    from hf_spec.training.batches import collate
+    from hf_spec.training.trainer import Unroll
+
+    model, head, _, folder = trained
+    sequences = capture_features(
+        model, tiny_conversations(model, count=3), folder / "eq", topk=8, progress=False
+    )
+    sequences = sequences.load_sequences()
+    sequences[1] = {k: v[:20] for k, v in sequences[1].items()}  # padding in the batch
+    batch = collate(sequences, 512)
+    cfg = LyannaTrainConfig(align_steps=3, draft_vocab=80, token_info_rank=8)
+    t2d = torch.full((model.config.vocab_size,), -1, dtype=torch.long)
+    t2d[head.d2t] = torch.arange(len(head.d2t))
+    with torch.no_grad():
+        loss, accs, _ = lyanna_step(head, batch, cfg, t2d)
+        d = Unroll.of(head, batch, t2d)
+        assert 0 < int(d.trained.sum()) < d.trained.numel()
+        cache, want, want_accs, h = DynamicCache(), torch.zeros(()), [], None
+        for j in range(1, 4):
+            mask = alignment_mask(d.ids.shape[1], j)[None, None]
+            if j == 1:
+                h = head.first_step(d.f_in, d.ids, d.position_ids, mask, cache)
+                logits = head.draft_logits(h) + (
+                    0 if head.config.first_token_fusion else head.token_info(d.ids)
+                )
+            else:
+                h = head.next_step(torch.cat([h[:, :1], h[:, :-1]], 1), d.position_ids, mask, cache)
+                logits = head.draft_logits(h) + head.token_info(d.ids)
+            logp, m = torch.log_softmax(logits.float(), -1), d.depth_mask(j)
+            term = cfg.feature_weight * masked_mse(h, d.u_tgt, m) + cfg.ce_weight * soft_cross_entropy(
+                logp, d.target_logits, m
+            )
+            want = want + term / 3
+            want_accs.append(
+                float(((logp.argmax(-1) == d.topk_ids[..., 0]) * m).sum() / m.sum().clamp(min=1))
+            )
+    assert torch.allclose(loss, want, rtol=1e-5) and accs == want_accs

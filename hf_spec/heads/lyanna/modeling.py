@@ -62,7 +62,7 @@ class LyannaHeadModel(DraftHeadModel):
     def token_info(self, target_ids: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
         """RMSNorm(E'(t)) for target ids `(...)` -> `(..., draft_vocab_size)`; zeros without token info."""
         if not self.config.token_info_rank:
-            return torch.zeros(*target_ids.shape, self.config.draft_vocab_size)
+            return torch.zeros(*target_ids.shape, self.config.draft_vocab_size, device=target_ids.device)
         low = self.token_info_down(self.parts.embed_tokens(target_ids).to(self.token_info_down.weight.dtype))
         bias = self.token_info_up(low)
         bias = bias * torch.rsqrt(bias.pow(2).mean(-1, keepdim=True) + eps)

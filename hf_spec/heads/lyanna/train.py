@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from hf_spec.heads.eagle.losses import alignment_mask, soft_cross_entropy
+from hf_spec.heads.eagle.losses import alignment_mask
 from hf_spec.heads.lyanna.modeling import LyannaHeadConfig, LyannaHeadModel
 from hf_spec.training.trainer import HeadTrainConfig, Unroll, train_head
 
@@ -42,29 +42,26 @@ def lyanna_step(
     cache = DynamicCache()
     loss = torch.zeros((), device=ids.device)
     accs, parts = [], {"feature": 0.0, "ce": 0.0}
+    rows = d.trained  # the LM head and the token loss run on the trained positions only
     h = None
     for j in range(1, cfg.align_steps + 1):
         attn = alignment_mask(n, j)[None, None].to(ids.device)
         if j == 1:
             h = head.first_step(f_in, ids, position_ids, attn, cache)
-            logits = head.draft_logits(h)
+            logits = head.draft_logits(h[rows])
             if not head.config.first_token_fusion:  # the bonus token enters through its token info only
-                logits = logits + head.token_info(ids)
+                logits = logits + head.token_info(ids[rows])
         else:
             prev = torch.cat(
                 [h[:, :1], h[:, :-1]], dim=1
             )  # the chain: depth j at t continues depth j-1 at t-1
             h = head.next_step(prev, position_ids, attn, cache)
-            logits = head.draft_logits(h) + head.token_info(ids)  # l' = l + RMSNorm(E'(x_t))
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        m = d.depth_mask(j)
-        l_feat = masked_mse(h, u_tgt, m)
-        l_ce = soft_cross_entropy(logp, d.target_logits, m)
-        loss = loss + (cfg.feature_weight * l_feat + cfg.ce_weight * l_ce) / cfg.align_steps
+            logits = head.draft_logits(h[rows]) + head.token_info(ids[rows])  # l' = l + RMSNorm(E'(x_t))
+        l_feat = masked_mse(h, u_tgt, d.depth_mask(j))
+        l_tokens, agreement = d.token_loss(torch.log_softmax(logits.float(), dim=-1), j, cfg, parts)
+        loss = loss + (cfg.feature_weight * l_feat + l_tokens) / cfg.align_steps
         parts["feature"] += l_feat.item() / cfg.align_steps
-        parts["ce"] += l_ce.item() / cfg.align_steps
-        with torch.no_grad():
-            accs.append(float(((logp.argmax(-1) == d.topk_ids[..., 0]) * m).sum() / m.sum().clamp(min=1)))
+        accs.append(agreement)
     return loss, accs, parts
 
 
