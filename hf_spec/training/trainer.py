@@ -40,9 +40,8 @@ class Unroll:
     position_ids: torch.Tensor  # [B, n]
     mask: torch.Tensor  # [B, n]
     target_logits: torch.Tensor  # [B, n, V_draft]
-    topk_ids: (
-        torch.Tensor
-    )  # [B, n, K0] draft ids of the target's top tokens (-1: outside the draft vocabulary)
+    # [B, n, K0] draft ids of the target's top tokens (-1: outside the draft vocabulary)
+    topk_ids: torch.Tensor
     topk_logq: torch.Tensor  # [B, n, K0]
 
     @classmethod
@@ -84,15 +83,10 @@ class Unroll:
         `(N, V_draft)` at the `trained` positions only: the same loss without the LM head's work on padding and
         prompts): `ce_weight` x soft cross-entropy, plus `topk_weight` x HASS top-K distillation when `cfg.topk`;
         returns `(loss, top-1 agreement)` and adds each part, averaged over `cfg.align_steps`, to `parts`."""
-        m, target, top_ids, top_logq = (
-            self.depth_mask(depth),
-            self.target_logits,
-            self.topk_ids,
-            self.topk_logq,
-        )
+        m, target = self.depth_mask(depth), self.target_logits
+        top_ids, top_logq = self.topk_ids, self.topk_logq
         if logp.dim() == 2:
-            rows = self.trained
-            m, target, top_ids, top_logq = m[rows], target[rows], top_ids[rows], top_logq[rows]
+            m, target, top_ids, top_logq = (t[self.trained] for t in (m, target, top_ids, top_logq))
         l_ce = soft_cross_entropy(logp, target, m)
         loss = cfg.ce_weight * l_ce
         parts["ce"] = parts.get("ce", 0.0) + l_ce.item() / cfg.align_steps
