@@ -5,6 +5,7 @@ resumable checkpoints, a held-out evaluation."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import time
 import warnings
@@ -40,8 +41,7 @@ class Unroll:
     position_ids: torch.Tensor  # [B, n]
     mask: torch.Tensor  # [B, n]
     target_logits: torch.Tensor  # [B, n, V_draft]
-    # [B, n, K0] draft ids of the target's top tokens (-1: outside the draft vocabulary)
-    topk_ids: torch.Tensor
+    topk_ids: torch.Tensor  # [B, n, K0] draft ids of the target's top tokens (-1: outside the draft vocab)
     topk_logq: torch.Tensor  # [B, n, K0]
 
     @classmethod
@@ -70,23 +70,25 @@ class Unroll:
         m[:, : depth - 1] = 0
         return m
 
-    @property
+    @functools.cached_property
     def trained(self) -> torch.Tensor:
-        """`(B, n)` bool: the positions any depth's loss reads (answer tokens, not padding); `h[d.trained]` keeps
-        the head's logits to those rows, which `token_loss` accepts."""
+        """`(B, n)` bool: the rows any depth's loss reads (answers, not padding); `token_loss` takes `h[trained]`."""
         return self.mask > 0
+
+    @functools.cached_property
+    def _trained_targets(self) -> tuple[torch.Tensor, ...]:  # gathered once a batch, read at every depth
+        return tuple(t[self.trained] for t in (self.target_logits, self.topk_ids, self.topk_logq))
 
     def token_loss(
         self, logp: torch.Tensor, depth: int, cfg: HeadTrainConfig, parts: dict[str, float]
     ) -> tuple[torch.Tensor, float]:
-        """The token-level loss of draft depth `depth` (`logp`: the head's log-probabilities, `(B, n, V_draft)`, or
-        `(N, V_draft)` at the `trained` positions only: the same loss without the LM head's work on padding and
-        prompts): `ce_weight` x soft cross-entropy, plus `topk_weight` x HASS top-K distillation when `cfg.topk`;
-        returns `(loss, top-1 agreement)` and adds each part, averaged over `cfg.align_steps`, to `parts`."""
-        m, target = self.depth_mask(depth), self.target_logits
-        top_ids, top_logq = self.topk_ids, self.topk_logq
+        """Depth `depth`'s loss from the head's log-probabilities `logp` `(B, n, V_draft)` or `(N, V_draft)` at the
+        `trained` rows: `ce_weight` x soft cross-entropy (+ `topk_weight` x HASS top-K distillation with `cfg.topk`);
+        returns `(loss, top-1 agreement)`, adds each part over `cfg.align_steps` to `parts`."""
+        m, targets = self.depth_mask(depth), (self.target_logits, self.topk_ids, self.topk_logq)
         if logp.dim() == 2:
-            m, target, top_ids, top_logq = (t[self.trained] for t in (m, target, top_ids, top_logq))
+            m, targets = m[self.trained], self._trained_targets
+        target, top_ids, top_logq = targets
         l_ce = soft_cross_entropy(logp, target, m)
         loss = cfg.ce_weight * l_ce
         parts["ce"] = parts.get("ce", 0.0) + l_ce.item() / cfg.align_steps
