@@ -146,6 +146,19 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
     return path
 
 
+def save_tensors(
+    tensors: dict[str, torch.Tensor], path: str | os.PathLike, metadata: dict | None = None
+) -> Path:
+    """`safetensors.torch.save_file`, then made readable by all (0644): safetensors >= 0.8 writes owner-only (0600)
+    files, which hides a saved head from the other users of a shared folder or cache."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    save_file(tensors, str(path), metadata=metadata)
+    os.chmod(path, 0o644)  # as write_json_atomic's files
+    return path
+
+
 def _json_digest(body: Mapping[str, Any]) -> str:
     text = json.dumps(body, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()

@@ -26,6 +26,7 @@ from hf_spec.heads.hub import save_head_folder
 from hf_spec.integrations import save_custom_generate
 from hf_spec.integrity import CHECKSUM_FILE, IntegrityError
 from hf_spec.methods.eagle import EagleConfig
+from hf_spec.methods.eagle3 import Eagle3Head, Eagle3HeadConfig, save_eagle3_head
 from hf_spec.methods.postuse.controller import PreCutController
 from hf_spec.models import fetch as F
 from hf_spec.models.downloads import OfflineError
@@ -111,6 +112,15 @@ def test_damaged_exit_heads_are_refused_naming_the_file(target, tmp_path):
         IntegrityError, match=rf"exits/model\.safetensors: weight '{name}' holds NaN or infinite"
     ):
         ExitHeads.from_pretrained(tmp_path / "exits", target)
+
+
+def test_saved_weights_are_readable_by_all_like_other_saved_files(target, tmp_path):
+    # safetensors >= 0.8 writes owner-only files; a head in a shared folder must stay readable by its other users
+    heads = ExitHeads.for_target(target, [2], rank=2)
+    heads.save_pretrained(tmp_path / "exits")
+    assert (tmp_path / "exits" / "model.safetensors").stat().st_mode & 0o777 == 0o644
+    save_eagle3_head(tmp_path / "e3", Eagle3Head(Eagle3HeadConfig.for_target(target, 50, (1, 2, 3))))
+    assert (tmp_path / "e3" / "model.safetensors").stat().st_mode & 0o777 == 0o644
 
 
 def test_an_edited_q_table_is_refused_and_one_without_checksum_loads(tmp_path):

@@ -29,10 +29,10 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from hf_spec.heads.features import unit_features
+from hf_spec.integrity import save_tensors
 from hf_spec.models.fingerprint import target_fingerprint
 from hf_spec.models.layers import decoder_parts
 from hf_spec.training.responses import Conversation, default_data_dir
@@ -265,7 +265,7 @@ def _write_shard(store: FeatureStore, pending: list[tuple[str, dict[str, torch.T
     tensors = {key: torch.cat([p[1][key] for p in pending]).contiguous() for key in pending[0][1]}
     tensors["offsets"] = torch.tensor([0] + lengths).cumsum(0)
     tmp = store.folder / (name + ".tmp")
-    save_file(tensors, str(tmp))
+    save_tensors(tensors, str(tmp))
     tmp.replace(store.folder / name)
     store.shards.append(name)
     store.done.extend(p[0] for p in pending)

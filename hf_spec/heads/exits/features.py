@@ -11,8 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from transformers import PreTrainedModel
+
+from hf_spec.integrity import save_tensors
 
 Progress = Callable[..., object] | None  # tqdm-like factory: progress(total=..., desc=...)
 
@@ -35,7 +37,7 @@ class Features:
             "top_ids": self.top_ids.int().contiguous(),
             "top_probs": self.top_probs.half().contiguous(),
         }
-        save_file(tensors, str(path))
+        save_tensors(tensors, str(path))
 
     @classmethod
     def load(cls, path: Path) -> Features:

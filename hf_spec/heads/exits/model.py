@@ -14,13 +14,13 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 from transformers import PreTrainedModel
 
 from hf_spec.heads.exits.config import MODEL_TYPE, ExitHeadsConfig
 from hf_spec.hub_ids import resolve_folder
-from hf_spec.integrity import check_finite, verify_checksums, write_checksums
+from hf_spec.integrity import check_finite, save_tensors, verify_checksums, write_checksums
 from hf_spec.kernels.skinny_linear import skinny_linear
 from hf_spec.kernels.weight_only import QuantizedWeight
 from hf_spec.models.fingerprint import check_fingerprint, target_fingerprint
@@ -107,7 +107,7 @@ class ExitHeads(nn.Module):
         }
         if self.draft_vocab is not None:
             state["draft_vocab"] = self.draft_vocab.long().contiguous()
-        save_file(state, str(path / WEIGHTS_NAME), metadata={"format": "pt"})
+        save_tensors(state, str(path / WEIGHTS_NAME), metadata={"format": "pt"})
         write_checksums(path, [WEIGHTS_NAME])  # last: a folder with a checksum list was written whole
         return path
 

@@ -25,13 +25,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from safetensors.torch import save_file
 from transformers import PreTrainedModel
 
 from hf_spec.heads.eagle.eagle1 import EAGLE1, config_of_layer
 from hf_spec.heads.published.eagle3 import SIDECAR, SIDECAR_FORMAT, SIDECAR_VERSION
 from hf_spec.heads.published.eagle3_model import Eagle3Head, Eagle3HeadConfig
-from hf_spec.integrity import CHECKSUM_FILE, write_checksums
+from hf_spec.integrity import CHECKSUM_FILE, save_tensors, write_checksums
 from hf_spec.models.fingerprint import target_fingerprint
 
 Eagle3Layout = Literal["sglang", "vllm"]
@@ -169,7 +168,7 @@ def save_eagle3_head(
     folder = start_folder(folder)
     config_json = eagle3_config_json(config, layout, name, architectures, stored)
     (folder / "config.json").write_text(json.dumps(config_json, indent=2) + "\n")
-    save_file(tensors, str(folder / WEIGHTS), metadata={"format": "pt"})
+    save_tensors(tensors, str(folder / WEIGHTS), metadata={"format": "pt"})
     sidecar = {
         "format": SIDECAR_FORMAT,
         "format_version": SIDECAR_VERSION,
@@ -224,7 +223,7 @@ def save_eagle_checkpoint(
     config["torch_dtype"] = str(kept["fc.weight"].dtype).removeprefix("torch.")
     folder = start_folder(folder)
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file(kept, str(folder / WEIGHTS), metadata={"format": "pt"})
+    save_tensors(kept, str(folder / WEIGHTS), metadata={"format": "pt"})
     write_checksums(folder, [WEIGHTS])  # last
     return folder
 
