@@ -8,10 +8,11 @@ and every figure of the docs, the README and the model cards regenerated from th
 
 `run` writes `benchmarks/results/<machine class>/<target>/` (results.json, results.md and the plots); the machine
 class names the CPU (or GPU), its core count and the dtype, so runs on different machines never mix. `report` reads
-every `benchmarks/results/<class>/<run>/results.json` and rewrites the blocks between `<!-- canonical:KEY -->` and
-`<!-- /canonical -->` in docs/benchmarks.md (all classes), docs/methods/*.md and README.md (the primary class), and
-the model cards under model_cards/ (their results table, from the primary class). Every table carries the command,
-machine and date of the run it comes from. Run from anywhere; paths are the repository's.
+every `benchmarks/results/<class>/<run>/results.json` that `run` wrote (not other benches kept beside them) and
+rewrites the blocks between `<!-- canonical:KEY -->` and `<!-- /canonical -->` in docs/benchmarks.md (all
+classes), docs/methods/*.md and README.md (the primary class), and the model cards under model_cards/ (their
+results table, from the primary class). Every table carries the command, machine and date of the run it comes
+from. Run from anywhere; paths are the repository's.
 """
 
 from __future__ import annotations
@@ -45,11 +46,12 @@ CANONICAL: dict[str, list[str]] = {
         "pld",
         f"retrieval:{C}/retrieval-{Q}.json",
         f"eagle:{C}/hass-{Q}-int4-d4k2t5.json",
+        f"eagle3:{C}/eagle3-{Q}-int4-d4k2t5.json",
         f"lyanna:{C}/lyanna-{Q}-int4-b3.json",
         f"early-exit:{C}/early-exit-{Q}.json",
         f"hispec:{C}/hispec-{Q}.json",
         f"postuse:{C}/postuse-{Q}.json",
-        f"talon:{C}/talon-{Q}.json",
+        f"talon:{C}/talon-{Q}-eagle3.json",
         "oracle:8",
     ],
     S: [
@@ -146,7 +148,8 @@ def run(args: argparse.Namespace) -> int:
 
 def repo_relative(command: str) -> str:
     """`command` with this checkout's absolute paths written relative to its root, as a user would type them."""
-    return command.replace(f"{REPO.parent}/", "../").replace(f"{REPO}/", "")
+    # the checkout's own paths first: they also start with its parent's
+    return command.replace(f"{REPO}/", "").replace(f"{REPO.parent}/", "../")
 
 
 # ---------------------------------------------------------------------------------------------------- report
@@ -162,8 +165,8 @@ def load_runs(root: Path) -> dict[str, list[tuple[str, dict]]]:
         for p in sorted(cls_dir.iterdir()):
             if (p / "results.json").is_file():
                 results = json.loads((p / "results.json").read_text())
-                # another script's results (a scaling curve, ...), not a bench run
-                if "summary" not in results:
+                # only `run`'s results: not another script's (a scaling curve, ...) nor a side bench beside them
+                if "summary" not in results or "canonical" not in results:
                     continue
                 results["_file"] = str((p / "results.json").resolve())  # for the model cards; never written
                 runs.append((p.name, results))

@@ -78,3 +78,33 @@ def test_canonical_run_on_stories(tmp_path):
     assert results["canonical"]["command"].startswith("python benchmarks/canonical.py run")
     assert set(results["summary"]) == {"ar", "hf-pld", "pld", "early-exit:3", "oracle:4"}
     assert (run_dir / "speedup.png").is_file() and (run_dir / "acceptance.png").is_file()
+
+
+def test_recorded_commands_name_checkout_paths_as_a_user_types_them():
+    """Paths inside the checkout are written relative to it and paths beside it (../shared) from its parent."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from canonical import repo_relative
+
+    command = (
+        f"hf-spec bench --prompts {REPO.parent}/shared/p.jsonl --out {REPO}/benchmarks/results/.running-x"
+    )
+    assert (
+        repo_relative(command)
+        == "hf-spec bench --prompts ../shared/p.jsonl --out benchmarks/results/.running-x"
+    )
+
+
+def test_report_reads_canonical_runs_only(tmp_path):
+    """A plain `hf-spec bench` kept under benchmarks/results/ (a tree sweep, ...) is not a canonical run."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from canonical import load_runs
+
+    machine = {"date": "2026-01-01 00:00 UTC"}
+    for name, extra in [
+        ("canonical", {"canonical": {"command": "python benchmarks/canonical.py run"}}),
+        ("side", {}),
+    ]:
+        (tmp_path / name / "stories260K").mkdir(parents=True)
+        results = {"summary": {"ar": {}}, "machine": machine, "command": "hf-spec bench", **extra}
+        (tmp_path / name / "stories260K" / "results.json").write_text(json.dumps(results))
+    assert list(load_runs(tmp_path)) == ["canonical"]
