@@ -81,6 +81,11 @@ def test_a_head_learns_and_resumes(tmp_path):
         )
     with pytest.raises(ValueError, match="aux values per token"):
         train_eagle3(model, sequences, tmp_path / "run2", cfg, (1, 2), progress=False)
+    other_layers = Eagle3Head(Eagle3HeadConfig.for_target(model, 80, (0, 1, 2)))
+    with pytest.raises(
+        ValueError, match=r"reads target layers \[0, 1, 2\], the features hold layers \[1, 2, 3\]"
+    ):
+        train_eagle3(model, sequences, tmp_path / "run3", cfg, LAYERS, progress=False, init_from=other_layers)
 
 
 def test_lazy_sequences_equal_loaded_ones(tmp_path):
@@ -126,6 +131,21 @@ def test_cli_trains_and_saves_a_loadable_eagle3_folder(stories, tmp_path, keep_t
     before = card
     (out / "README.md").write_text("stale")
     assert update_card(out, []) == 0 and (out / "README.md").read_text() == before
+    # training on from the saved head keeps its draft vocabulary and starts from its weights
+    again = ["train", "eagle3", "--target", str(STORIES), "--features", str(store.folder), "--sources", "toy"]
+    again += ["--epochs", "1", "--heldout", "2", "--threads", "1", "--lr", "1e-12", "--save-dtype", "float32"]
+    assert main([*again, "--init-from", str(out), "--out", str(tmp_path / "on")]) == 0
+    tuned = load_eagle3_head(str(tmp_path / "on"), model)
+    assert torch.equal(tuned.draft_token_ids(), head.draft_token_ids())
+    assert all(
+        torch.allclose(a.float(), b.float(), atol=1e-6)
+        for a, b in zip(head.state_dict().values(), tuned.state_dict().values(), strict=True)
+    )
+    assert json.loads((tmp_path / "on" / "training_report.json").read_text())["config"]["extra"] == {
+        "init_from": str(out)
+    }
+    with pytest.raises(ValueError, match="64-token draft vocabulary, the training config asks for 32"):
+        main([*again, "--init-from", str(out), "--draft-vocab", "32", "--out", str(tmp_path / "x")])
     with pytest.raises(ValueError, match="no sequences"):
         main([*args, "--out", str(tmp_path / "h2"), "--sources", "python-docs"])
     bare = capture_sequences(model, [("a", [1, 5, 6, 7], [0, 1, 1, 1])], tmp_path / "bare", progress=False)

@@ -31,7 +31,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--topk", type=nonnegative_int, default=0, help="HASS top-K distillation K (0 = off)")
     parser.add_argument("--topk-weight", type=nonnegative_float, default=1.0)
     parser.add_argument(
-        "--draft-vocab", type=positive_int, default=32768, help="reduced draft vocabulary size"
+        "--draft-vocab",
+        type=positive_int,
+        help="reduced draft vocabulary size (default 32768; with --init-from: the head's own)",
+    )
+    parser.add_argument(
+        "--init-from",
+        metavar="HEAD",
+        help="start from this EAGLE-3 head's weights and draft vocabulary (folder or Hub id, any layout "
+        "`eagle3:` loads): fine-tune a published head or train one of yours on more data",
     )
     parser.add_argument("--epochs", type=positive_float, default=2.0)
     # the target's raw middle and high states carry outliers in the thousands: EAGLE-3 heads train at 1e-4
@@ -67,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER, write_recipe_and_card
     from hf_spec.heads.published.eagle3 import SIDECAR, SIDECAR_FORMAT
     from hf_spec.heads.published.write import save_eagle3_head
-    from hf_spec.methods.eagle3 import Eagle3Config
+    from hf_spec.methods.eagle3 import Eagle3Config, load_eagle3_head
     from hf_spec.output_folder import check_output_folder
     from hf_spec.training.distributed import current_processes
     from hf_spec.training.eagle3 import Eagle3TrainConfig, train_eagle3
@@ -93,11 +101,12 @@ def run(args: argparse.Namespace) -> int:
         model, sequences, heldout, groups, store, info = store_data(
             args, "EAGLE-3 training", (*HEAD_KEYS, "aux_features")
         )
+    start = load_eagle3_head(args.init_from, model) if args.init_from else None
     cfg = Eagle3TrainConfig(
         align_steps=args.align_steps,
         topk=args.topk,
         topk_weight=args.topk_weight,
-        draft_vocab=args.draft_vocab,
+        draft_vocab=args.draft_vocab or (start.config.draft_vocab_size if start is not None else 32768),
         epochs=args.epochs,
         lr=args.lr,
         batch_tokens=args.batch_tokens,
@@ -106,10 +115,12 @@ def run(args: argparse.Namespace) -> int:
         heldout=args.heldout,
         save_every=args.save_every,
         precision=args.precision,
+        extra={"init_from": args.init_from} if args.init_from else {},
     )
     run_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else default_run_dir(out)
+    layers = tuple(store.aux_layers)
     head, report = train_eagle3(
-        model, sequences, run_dir, cfg, tuple(store.aux_layers), groups=groups, heldout=heldout
+        model, sequences, run_dir, cfg, layers, groups=groups, heldout=heldout, init_from=start
     )
     if not processes.is_main:  # one process writes the head folder
         return 0

@@ -9,7 +9,8 @@ What is trained (the head module: `hf_spec.heads.published.eagle3_model.Eagle3He
 - a token-level loss only: soft cross-entropy against the target's distribution on the draft vocabulary (from
   the stored last-layer features through the target's final norm and LM-head rows), plus HASS's top-K
   distillation with `topk` > 0; no feature regression;
-- a reduced draft vocabulary (the most frequent trained tokens) stored as `d2t` / `t2d`.
+- a reduced draft vocabulary (the most frequent trained tokens) stored as `d2t` / `t2d`; a head trained on from
+  an existing head's weights (`init_from`: a published head, or one of ours on new data) keeps its vocabulary.
 
 The shared loop (`training/trainer.py`: AdamW, warm-up + decay, `accelerate`, resumable checkpoints, held-out
 agreement by depth) trains it through `Eagle3Trainee`, which gives the head the interface that loop expects.
@@ -47,7 +48,7 @@ class Eagle3Trainee(nn.Module):
     `draft_logits(u)` gives the target's logits on the draft vocabulary from its unit-RMS features, `forward`
     runs one head step. `export()` returns the head with its `d2t`/`t2d` set."""
 
-    def __init__(self, head: Eagle3Head, target_fingerprint: dict) -> None:
+    def __init__(self, head: Eagle3Head, target_fingerprint: dict, trained: bool = False) -> None:
         super().__init__()
         self.head = head
         self.config = head.config
@@ -55,7 +56,12 @@ class Eagle3Trainee(nn.Module):
         self.register_buffer("d2t", torch.arange(head.config.draft_vocab_size))  # [draft_vocab] target ids
         self._target: list[nn.Module] = []  # the target, kept out of the state dict
         self._lm_weight: torch.Tensor | None = None  # [draft_vocab, hidden] the target's LM-head rows of d2t
-        self._warm_started = False
+        # a trained head keeps its draft vocabulary, norm and LM head (read by the shared loop and attach_target)
+        self.keeps_its_vocabulary = self._warm_started = trained
+        if trained:
+            self.d2t.copy_(head.draft_token_ids())
+            if head.embed_tokens is not None:  # its own copy of the embedding: frozen, as the target's is
+                head.embed_tokens.requires_grad_(False)
 
     def attach_target(self, target) -> Eagle3Trainee:
         """Check `target` is the one the features came from, move to its LM head's device, borrow its frozen
@@ -145,10 +151,24 @@ def train_eagle3(
     progress: bool = True,
     groups: list[str] | None = None,
     heldout: list[dict] | None = None,
+    init_from: Eagle3Head | None = None,
 ) -> tuple[Eagle3Head, dict]:
     """Train (or resume) an EAGLE-3 head for `target` on `sequences` with `aux_features` of the target's
-    `hidden_state_indices`; returns `(head, report)`. `groups`, `heldout`: see `train_head`."""
+    `hidden_state_indices`; returns `(head, report)`. `groups`, `heldout`: see `train_head`. `init_from`: start
+    from this head's weights and draft vocabulary (it must read the same target layers; `cfg.draft_vocab` is
+    its draft vocabulary size) instead of a fresh head."""
     torch.manual_seed(cfg.seed)
+    if init_from is not None:
+        if tuple(init_from.config.hidden_state_indices) != tuple(hidden_state_indices):
+            raise ValueError(
+                f"the head to start from reads target layers {list(init_from.config.hidden_state_indices)}, the "
+                f"features hold layers {list(hidden_state_indices)}: capture the features with the head's layers"
+            )
+        if init_from.config.draft_vocab_size != cfg.draft_vocab:
+            raise ValueError(
+                f"the head to start from has a {init_from.config.draft_vocab_size}-token draft vocabulary, the "
+                f"training config asks for {cfg.draft_vocab}"
+            )
     config = Eagle3HeadConfig.for_target(target, cfg.draft_vocab, tuple(hidden_state_indices))
     width = config.fused_width
     if sequences and sequences[0]["aux_features"].shape[-1] != width:
@@ -156,6 +176,7 @@ def train_eagle3(
             f"the features hold {sequences[0]['aux_features'].shape[-1]} aux values per token, an EAGLE-3 head "
             f"reading layers {list(hidden_state_indices)} needs {width}"
         )
-    trainee = Eagle3Trainee(Eagle3Head(config), target_fingerprint(target))
+    head = Eagle3Head(config) if init_from is None else init_from.float()
+    trainee = Eagle3Trainee(head, target_fingerprint(target), trained=init_from is not None)
     trainee, report = train_head(target, trainee, sequences, out, cfg, eagle3_step, progress, groups, heldout)
     return trainee.export(), report

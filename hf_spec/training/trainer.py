@@ -273,7 +273,7 @@ def train_head(
         saved = checkpoint.peek_extra()
         check_resumable(saved.get("run"), identity, out)
         head.d2t.copy_(torch.tensor(saved["d2t"]))
-    else:
+    elif not getattr(head, "keeps_its_vocabulary", False):  # a head trained on from its own weights keeps it
         head.d2t.copy_(draft_vocabulary(train_set, head.config.draft_vocab_size, vocab_size, keep))
         if cfg.init_from_last_layer:
             head.init_layer_from(target, -1)
