@@ -42,9 +42,8 @@ def lyanna_step(
     cache = DynamicCache()
     loss = torch.zeros((), device=ids.device)
     accs, parts = [], {"feature": 0.0, "ce": 0.0}
-    rows = (
-        d.trained
-    )  # the LM head and the token loss run on the trained positions only (see Unroll.token_loss)
+    # the LM head and the token loss run on the trained positions only (see Unroll.token_loss)
+    rows = d.trained
     h = None
     for j in range(1, cfg.align_steps + 1):
         attn = alignment_mask(n, j)[None, None].to(ids.device)
