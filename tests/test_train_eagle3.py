@@ -141,9 +141,15 @@ def test_cli_trains_and_saves_a_loadable_eagle3_folder(stories, tmp_path, keep_t
         torch.allclose(a.float(), b.float(), atol=1e-6)
         for a, b in zip(head.state_dict().values(), tuned.state_dict().values(), strict=True)
     )
-    assert json.loads((tmp_path / "on" / "training_report.json").read_text())["config"]["extra"] == {
-        "init_from": str(out)
-    }
+    on_report = json.loads((tmp_path / "on" / "training_report.json").read_text())
+    assert on_report["config"]["extra"] == {"init_from": str(out)}
+    # the report and card of the head trained on show the start head's own training
+    first = json.loads((out / "training_report.json").read_text())
+    assert on_report["started_from"]["head"] == str(out)
+    assert on_report["started_from"]["training"]["heldout"] == first["heldout"]
+    on_card = (tmp_path / "on" / "README.md").read_text()
+    assert f"- Started from the head `{out}`, itself trained on " in on_card
+    assert f"Its command: `{first['command']}`" in on_card
     with pytest.raises(ValueError, match="64-token draft vocabulary, the training config asks for 32"):
         main([*again, "--init-from", str(out), "--draft-vocab", "32", "--out", str(tmp_path / "x")])
     with pytest.raises(ValueError, match="no sequences"):

@@ -125,6 +125,36 @@ def test_head_card_names_the_training_prompt_files():
     assert "(prompts: `sharegpt_1000.json`, `alpaca_seed_tasks.jsonl`;" in default
 
 
+def test_head_card_of_a_head_trained_on_from_others_shows_each_start_head():
+    from hf_spec.heads.card import head_card
+
+    base = {
+        "features": "s/store",
+        "train_tokens": 9,
+        "steps": 3,
+        "epochs": 1.0,
+        "wall_seconds": 7200,
+        "config": {"lr": 0.1, "batch_tokens": 8},
+        "heldout": {"accuracy_by_depth": [0.5]},
+        "command": "first",
+    }
+    middle = {"features": "s/store", "steps": 2, "started_from": {"head": "base-head", "training": base}}
+    card = head_card(
+        "EAGLE-3", "eagle3", "t", {"started_from": {"head": "mid-head", "training": middle}}, "c"
+    )
+    assert "- Started from the head `mid-head`, itself trained on " in card
+    assert "- Started from the head `base-head`, itself trained on " in card
+    assert (
+        "`store` (sources: all; never evaluation prompts), 9 tokens" in card
+        and "; 2.00 h. Its command: `first`" in card
+    )
+    elsewhere = head_card("EAGLE-3", "eagle3", "t", {"started_from": {"head": "org/published"}}, "c")
+    assert (
+        "- Started from the head `org/published` (trained elsewhere: no hf-spec training report)."
+        in elsewhere
+    )
+
+
 def test_data_responses_in_bfloat16_are_tagged_and_feed_float32_features(
     tmp_path, prompts_file, capsys, keep_threads
 ):

@@ -119,6 +119,7 @@ def head_card(
         "## Training",
         "",
         _data_line(report),
+        *_started_from_lines(report),
         f"- Objective: {_eagle3_objective(cfg) if method == 'eagle3' else _objective(cfg)}.",
         f"- Draft vocabulary: the {cfg.get('draft_vocab')} most frequent answer tokens (they cover "
         f"{report.get('draft_vocab_coverage')} of the {report.get('draft_vocab_coverage_on', 'training')} answer "
@@ -271,6 +272,31 @@ def _data_line(report: dict[str, Any]) -> str:
         f"(prompts: {_prompt_sources(report)}; never evaluation prompts), {report.get('train_tokens')} tokens; "
         f"{report.get('heldout_conversations')} conversations held out."
     )
+
+
+def _started_from_lines(report: dict[str, Any]) -> list[str]:
+    """For a head trained on from another (`--init-from`): the start head and, when hf-spec trained it, its own
+    data, steps, agreement, time and command, so the card shows the head's whole training."""
+    start = report.get("started_from")
+    if not isinstance(start, dict):
+        return []
+    earlier = start.get("training")
+    if not isinstance(earlier, dict):
+        return [
+            f"- Started from the head `{start.get('head')}` (trained elsewhere: no hf-spec training report)."
+        ]
+    cfg = earlier.get("config", {})
+    wall = earlier.get("wall_seconds")
+    lines = [
+        f"- Started from the head `{start.get('head')}`, itself trained on "
+        + _data_line(earlier).removeprefix("- Data: ").rstrip(".")
+        + f"; {earlier.get('steps')} steps ({earlier.get('epochs')} epochs), lr {cfg.get('lr')}, batches of "
+        f"{cfg.get('batch_tokens')} tokens; held-out agreement by depth "
+        f"{earlier.get('heldout', {}).get('accuracy_by_depth')}"
+        + (f"; {wall / 3600:.2f} h" if wall else "")
+        + f". Its command: `{earlier.get('command', '')}`",
+    ]
+    return lines + _started_from_lines(earlier)  # and the head that one started from, if any
 
 
 def _prompt_sources(report: dict[str, Any]) -> str:
