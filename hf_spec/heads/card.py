@@ -227,7 +227,17 @@ def _time_line(report: dict[str, Any]) -> list[str]:
     threads = next((b for a, b in zip(threads, threads[1:], strict=False) if a == "--threads"), None)
     on = f" with {threads} threads" if threads else ""
     speed = f", {rate:,.0f} trained tokens/s" if rate else ""
-    return [f"- Training time: {wall / 3600:.2f} h{on}{speed}."]
+    total = wall + _start_heads_seconds(report)
+    whole = f" ({total / 3600:.2f} h with the start head's own training)" if total > wall else ""
+    return [f"- Training time: {wall / 3600:.2f} h{on}{speed}{whole}."]
+
+
+def _start_heads_seconds(report: dict[str, Any]) -> float:
+    """Training seconds of the heads this one was trained on from (`started_from`, recorded by hf-spec)."""
+    earlier = (report.get("started_from") or {}).get("training")
+    if not isinstance(earlier, dict):
+        return 0.0
+    return float(earlier.get("wall_seconds") or 0) + _start_heads_seconds(earlier)
 
 
 def _architecture_line(cfg: dict[str, Any]) -> list[str]:
