@@ -12,6 +12,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf_spec.cli.main import main
+from hf_spec.heads.eagle.modeling import EagleHeadModel
+from hf_spec.heads.lyanna.modeling import LyannaHeadModel
+from hf_spec.methods.head_drafter import load_draft_head
 from hf_spec.training.prompts import load_train_prompts
 from hf_spec.training.responses import ResponseCache
 from tests.conftest import STORIES
@@ -26,6 +29,18 @@ def prompts_file(tmp_path_factory):
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+def _without(args: list[str], flag: str) -> list[str]:
+    """`args` without `flag` and its value."""
+    i = args.index(flag)
+    return args[:i] + args[i + 2 :]
+
+
+def _set(args: list[str], flag: str, value: str) -> list[str]:
+    """`args` with `flag`'s value replaced."""
+    i = args.index(flag)
+    return [*args[: i + 1], value, *args[i + 2 :]]
 
 
 def data_args(data, prompts_file) -> list[str]:
@@ -89,6 +104,31 @@ def test_train_cli_end_to_end_and_resume(tmp_path, prompts_file, kind):
     twin = tmp_path / "twin"
     assert main([*args, "--out", str(twin), "--checkpoint-dir", str(tmp_path / "run2")]) == 0
     assert (twin / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+    # training on from the saved head keeps its draft vocabulary and starts from its weights
+    on = tmp_path / "on"
+    tuned_args = _set(_without(args, "--draft-vocab"), "--lr", "1e-12")
+    tuned_args = _set(_set(tuned_args, "--out", str(on)), "--checkpoint-dir", str(tmp_path / "run3"))
+    assert main([*tuned_args, "--init-from", str(out)]) == 0
+    head_cls = {"eagle": EagleHeadModel, "lyanna": LyannaHeadModel}[kind]
+    target = AutoModelForCausalLM.from_pretrained(STORIES).eval()
+    first, tuned = (load_draft_head(head_cls, str(f), target, kind) for f in (out, on))
+    assert torch.equal(first.d2t, tuned.d2t)
+    assert all(
+        torch.allclose(a.float(), b.float(), atol=1e-5)
+        for a, b in zip(first.state_dict().values(), tuned.state_dict().values(), strict=True)
+    )
+    on_report = json.loads((on / "training_report.json").read_text())
+    assert on_report["config"]["extra"] == {"init_from": str(out)}
+    assert on_report["started_from"]["training"]["final_loss"] == report["final_loss"]
+    assert f"- Started from the head `{out}`, itself trained on " in (on / "README.md").read_text()
+    elsewhere = [*_set(tuned_args, "--out", str(tmp_path / "x")), "--init-from", str(out)]
+    with pytest.raises(ValueError, match="256-token draft vocabulary, the training config asks for 128"):
+        main([*elsewhere, "--draft-vocab", "128"])
+    with pytest.raises(ValueError, match="give one"):
+        main([*elsewhere, "--init-from-last-layer"])
+    shape = ["--architecture", "eagle1"] if kind == "eagle" else ["--token-info-rank", "8"]
+    with pytest.raises(ValueError, match="the head to start from has .*, this run asks for"):
+        main([*elsewhere, *shape])
     foreign = tmp_path / "a-model"  # a folder holding something else is refused before any work
     foreign.mkdir()
     (foreign / "config.json").write_text('{"model_type": "llama"}')
@@ -139,9 +179,12 @@ def test_head_card_of_a_head_trained_on_from_others_shows_each_start_head():
         "command": "first",
     }
     middle = {"features": "s/store", "steps": 2, "started_from": {"head": "base-head", "training": base}}
-    card = head_card(
-        "EAGLE-3", "eagle3", "t", {"started_from": {"head": "mid-head", "training": middle}}, "c"
-    )
+    top = {
+        "wall_seconds": 1800,
+        "started_from": {"head": "mid-head", "training": middle | {"wall_seconds": 3600}},
+    }
+    card = head_card("EAGLE-3", "eagle3", "t", top, "c")
+    assert "- Training time: 0.50 h (3.50 h with the start head's own training)." in card
     assert "- Started from the head `mid-head`, itself trained on " in card
     assert "- Started from the head `base-head`, itself trained on " in card
     assert (

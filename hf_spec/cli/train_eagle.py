@@ -38,7 +38,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hf_spec.heads.eagle.modeling import EagleHeadConfig
+    from hf_spec.heads.eagle.modeling import EagleHeadModel
     from hf_spec.heads.eagle.train import EagleTrainConfig, train_eagle
     from hf_spec.methods.eagle.config import EagleConfig
 
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         **common_train_config(args),
     )
     kind = "HASS" if cfg.topk or cfg.align_steps > 1 else "EAGLE"
-    return train_and_save(args, cfg, train_eagle, EagleConfig, kind, EagleHeadConfig.model_type)
+    return train_and_save(args, cfg, train_eagle, EagleConfig, kind, EagleHeadModel)
 
 
 def add_common_train_args(parser: argparse.ArgumentParser, draft_vocab: int = 32768) -> None:
@@ -60,7 +60,16 @@ def add_common_train_args(parser: argparse.ArgumentParser, draft_vocab: int = 32
     add_store_args(parser)
     parser.add_argument("--out", required=True, help="output folder (Hub-style head repo)")
     parser.add_argument(
-        "--draft-vocab", type=positive_int, default=draft_vocab, help="reduced draft vocabulary size"
+        "--draft-vocab",
+        type=positive_int,
+        help=f"reduced draft vocabulary size (default {draft_vocab}; with --init-from: the head's own)",
+    )
+    parser.set_defaults(default_draft_vocab=draft_vocab)
+    parser.add_argument(
+        "--init-from",
+        metavar="HEAD",
+        help="start from this head's weights and draft vocabulary (a folder or Hub id of a head hf-spec trained "
+        "for this target, of this kind): train it on more data or fine-tune it on your domain",
     )
     parser.add_argument("--epochs", type=positive_float, default=4.0)
     parser.add_argument("--lr", type=positive_float, default=1e-3)
@@ -133,18 +142,28 @@ def common_train_config(args: argparse.Namespace) -> dict:
         "init_from_last_layer",
     )
     optional = ("feature_weight", "ce_weight")  # None: the method's default
-    return {key: getattr(args, key) for key in keys} | {
+    values = {key: getattr(args, key) for key in keys} | {
         key: getattr(args, key) for key in optional if getattr(args, key) is not None
     }
+    if values["draft_vocab"] is None:  # with --init-from, train_and_save takes the head's own size
+        values["draft_vocab"] = args.default_draft_vocab
+    if args.init_from:
+        values["extra"] = {
+            "init_from": args.init_from
+        }  # part of the run's identity: a resume keeps its start
+    return values
 
 
-def train_and_save(args: argparse.Namespace, cfg, train_fn, recipe_cls, kind: str, model_type: str) -> int:
-    """Data (cached answers and features, or a feature store) -> train (resumable) -> Hub-style folder with card
-    and report."""
+def train_and_save(args: argparse.Namespace, cfg, train_fn, recipe_cls, kind: str, head_cls) -> int:
+    """Data (cached answers and features, or a feature store) -> train (resumable; from `--init-from`'s head when
+    given) -> Hub-style folder with card and report."""
     from hf_spec.heads.card import head_card
     from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER, save_head_folder
     from hf_spec.output_folder import check_output_folder, holds_model_type
     from hf_spec.training.distributed import current_processes
+    from hf_spec.training.warm_start import started_from
+
+    model_type = head_cls.config_class.model_type
 
     if bool(args.prompts) == bool(args.features):
         raise ValueError(
@@ -165,12 +184,13 @@ def train_and_save(args: argparse.Namespace, cfg, train_fn, recipe_cls, kind: st
             f"--topk {cfg.topk} exceeds the {store.topk} target probabilities captured per position in the "
             "features (`hf-spec data features --topk N ...` captures more)"
         )
+    start = load_start_head(args, head_cls, recipe_cls.method, model, cfg)
     run_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else default_run_dir(out)
-    head, report = train_fn(model, sequences, run_dir, cfg, groups=groups, heldout=heldout)
+    head, report = train_fn(model, sequences, run_dir, cfg, groups=groups, heldout=heldout, init_from=start)
     if not processes.is_main:  # one process writes the head folder
         return 0
     command = args.command_line
-    report = report | {"command": command} | info
+    report = report | {"command": command} | info | started_from(args.init_from)
     head.config.training = report
     card = head_card(kind, recipe_cls.method, Path(args.target).name, report, command)
     save_head_folder(head, out, recipe_cls(head=HEAD_IN_THIS_FOLDER), card)
@@ -180,6 +200,30 @@ def train_and_save(args: argparse.Namespace, cfg, train_fn, recipe_cls, kind: st
         f"{report['tokens_per_second']:.0f} trained tokens/s over {report['wall_seconds']} s"
     )
     return 0
+
+
+def load_start_head(args: argparse.Namespace, head_cls, method: str, target, cfg):
+    """`--init-from`'s head, loaded for `target` (its fingerprint checked), or None; fills `cfg.draft_vocab` with
+    the head's own size when `--draft-vocab` was not given. Only heads hf-spec trained: a published head's
+    layout (EAGLE-1's) is refused by name."""
+    if not args.init_from:
+        return None
+    from hf_spec.methods.head_drafter import load_draft_head
+
+    if args.init_from_last_layer:
+        raise ValueError(
+            "--init-from starts from a trained head, --init-from-last-layer from a target layer: give one"
+        )
+    head = load_draft_head(head_cls, args.init_from, target, method)
+    if type(head) is not head_cls:
+        raise ValueError(
+            f"--init-from {args.init_from!r} is a published {type(head).__name__}: `hf-spec train {method}` trains "
+            f"on from heads it trained itself ({head_cls.__name__}); published EAGLE-3 heads train on with "
+            "`hf-spec train eagle3 --init-from`"
+        )
+    if args.draft_vocab is None:
+        cfg.draft_vocab = head.config.draft_vocab_size
+    return head
 
 
 def answer_data(args: argparse.Namespace, what: str):

@@ -81,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     from hf_spec.training.eagle3 import Eagle3TrainConfig, train_eagle3
     from hf_spec.training.features import FeatureStore
     from hf_spec.training.store_data import HEAD_KEYS
+    from hf_spec.training.warm_start import started_from
 
     out = Path(args.out)
     check_output_folder(out, lambda f: _sidecar_format(f / SIDECAR) == SIDECAR_FORMAT, "EAGLE-3 head")
@@ -125,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     if not processes.is_main:  # one process writes the head folder
         return 0
     command = args.command_line
-    report |= {"command": command} | info | _start_head_training(args.init_from)
+    report |= {"command": command} | info | started_from(args.init_from)
     card = head_card("EAGLE-3", "eagle3", Path(args.target).name, report, command)
     write_recipe_and_card(out, Eagle3Config(head=HEAD_IN_THIS_FOLDER), card)
     (out / "training_report.json").write_text(json.dumps(report, indent=1) + "\n")
@@ -137,31 +138,6 @@ def run(args: argparse.Namespace) -> int:
         f"{report['tokens_per_second']:.0f} trained tokens/s over {report['wall_seconds']} s"
     )
     return 0
-
-
-def _start_head_training(init_from: str | None) -> dict:
-    """`{"started_from": {"head": HEAD, "training": its training report}}` for `--init-from HEAD`, so the report
-    and card of a head trained on from another show the whole training (the report is the one hf-spec saved with
-    the start head, absent for heads trained elsewhere); `{}` without `--init-from`."""
-    if not init_from:
-        return {}
-    from hf_spec.heads.published.eagle3 import SIDECAR
-    from hf_spec.hub_ids import resolve_head_folder
-
-    folder = Path(resolve_head_folder(init_from, "eagle3 head"))
-    earlier = None
-    for name, key in ((SIDECAR, "training"), ("training_report.json", None)):
-        try:
-            data = json.loads((folder / name).read_text())
-        except (OSError, ValueError):
-            continue
-        earlier = data.get(key) if key and isinstance(data, dict) else data
-        if isinstance(earlier, dict):
-            break
-    entry: dict = {"head": init_from}
-    if isinstance(earlier, dict):
-        entry["training"] = {k: v for k, v in earlier.items() if k != "history"}
-    return {"started_from": entry}
 
 
 def _sidecar_format(path: Path) -> str | None:

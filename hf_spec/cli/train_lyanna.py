@@ -22,7 +22,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hf_spec.heads.lyanna.modeling import LyannaHeadConfig
+    from hf_spec.heads.lyanna.modeling import LyannaHeadModel
     from hf_spec.heads.lyanna.train import LyannaTrainConfig, train_lyanna
     from hf_spec.methods.lyanna.config import LyannaConfig
 
@@ -32,4 +32,4 @@ def run(args: argparse.Namespace) -> int:
         first_token_fusion=not args.no_first_token_fusion,
         **common_train_config(args),
     )
-    return train_and_save(args, cfg, train_lyanna, LyannaConfig, "Lyanna", LyannaHeadConfig.model_type)
+    return train_and_save(args, cfg, train_lyanna, LyannaConfig, "Lyanna", LyannaHeadModel)

@@ -12,6 +12,7 @@ from hf_spec.heads.eagle.eagle1 import HeadLayout
 from hf_spec.heads.eagle.losses import alignment_mask, feature_loss
 from hf_spec.heads.eagle.modeling import EagleHeadConfig, EagleHeadModel
 from hf_spec.training.trainer import HeadTrainConfig, Unroll, train_head
+from hf_spec.training.warm_start import train_on_from
 
 
 @dataclass
@@ -59,9 +60,15 @@ def train_eagle(
     progress: bool = True,
     groups: list[str] | None = None,
     heldout: list[dict] | None = None,
+    init_from: EagleHeadModel | None = None,
 ):
     """Train (or resume) an EAGLE/HASS head for `target`; returns `(head, report)`. `groups`: the prompt of each
-    sequence; `heldout`: a fixed held-out set (see `train_head`)."""
+    sequence; `heldout`: a fixed held-out set (see `train_head`); `init_from`: a trained head of ours (for this
+    target, loaded) to train on from, keeping its draft vocabulary."""
     torch.manual_seed(cfg.seed)  # the head's initial weights too: one --seed, one head
-    head = EagleHeadModel(EagleHeadConfig.for_target(target, cfg.draft_vocab, layout=cfg.architecture))
+    config = EagleHeadConfig.for_target(target, cfg.draft_vocab, layout=cfg.architecture)
+    if init_from is None:
+        head = EagleHeadModel(config)
+    else:
+        head = train_on_from(init_from, config, ("layout",), "EAGLE head")
     return train_head(target, head, sequences, out, cfg, head_step, progress, groups, heldout)

@@ -14,6 +14,7 @@ from transformers import DynamicCache
 from hf_spec.heads.eagle.losses import alignment_mask
 from hf_spec.heads.lyanna.modeling import LyannaHeadConfig, LyannaHeadModel
 from hf_spec.training.trainer import HeadTrainConfig, Unroll, train_head
+from hf_spec.training.warm_start import train_on_from
 
 
 @dataclass
@@ -74,9 +75,11 @@ def train_lyanna(
     progress: bool = True,
     groups: list[str] | None = None,
     heldout: list[dict] | None = None,
+    init_from: LyannaHeadModel | None = None,
 ):
     """Train (or resume) a Lyanna head for `target`; returns `(head, report)`. `groups`: the prompt of each
-    sequence; `heldout`: a fixed held-out set (see `train_head`)."""
+    sequence; `heldout`: a fixed held-out set (see `train_head`); `init_from`: a trained head of ours (for this
+    target, loaded) to train on from, keeping its draft vocabulary."""
     config = LyannaHeadConfig.for_target(
         target,
         cfg.draft_vocab,
@@ -84,6 +87,8 @@ def train_lyanna(
         first_token_fusion=cfg.first_token_fusion,
     )
     torch.manual_seed(cfg.seed)  # the head's initial weights too: one --seed, one head
-    return train_head(
-        target, LyannaHeadModel(config), sequences, out, cfg, lyanna_step, progress, groups, heldout
-    )
+    if init_from is None:
+        head = LyannaHeadModel(config)
+    else:
+        head = train_on_from(init_from, config, ("token_info_rank", "first_token_fusion"), "Lyanna head")
+    return train_head(target, head, sequences, out, cfg, lyanna_step, progress, groups, heldout)
