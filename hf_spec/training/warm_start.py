@@ -36,6 +36,20 @@ def train_on_from(head: nn.Module, fresh: Any, fields: tuple[str, ...], what: st
     return head
 
 
+def saved_training_report(folder: str | Path) -> dict[str, Any] | None:
+    """The training report hf-spec saved with the head in `folder` (a local folder), or None (a head trained
+    elsewhere, or saved without one)."""
+    for name, key in REPORT_FILES:
+        try:
+            data = json.loads((Path(folder) / name).read_text())
+        except (OSError, ValueError):
+            continue
+        report = data.get(key) if key and isinstance(data, dict) else data
+        if isinstance(report, dict) and "config" in report:
+            return report
+    return None
+
+
 def started_from(init_from: str | None) -> dict[str, Any]:
     """`{"started_from": {"head": HEAD, "training": its training report}}` for `--init-from HEAD`, so the report
     and card of a head trained on from another show the whole training (the report is the one hf-spec saved with
@@ -44,15 +58,8 @@ def started_from(init_from: str | None) -> dict[str, Any]:
         return {}
     from hf_spec.hub_ids import resolve_head_folder
 
-    folder = Path(resolve_head_folder(init_from, "head"))
+    report = saved_training_report(resolve_head_folder(init_from, "head"))
     entry: dict[str, Any] = {"head": init_from}
-    for name, key in REPORT_FILES:
-        try:
-            data = json.loads((folder / name).read_text())
-        except (OSError, ValueError):
-            continue
-        report = data.get(key) if key and isinstance(data, dict) else data
-        if isinstance(report, dict) and "config" in report:
-            entry["training"] = {k: v for k, v in report.items() if k != "history"}
-            break
+    if report is not None:
+        entry["training"] = {k: v for k, v in report.items() if k != "history"}
     return {"started_from": entry}
