@@ -98,6 +98,19 @@ def keep_threads():
     torch.set_num_threads(n)
 
 
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    """An empty `$HF_HOME/hub` that the Hub client uses, offline (what HF_HOME and HF_HUB_OFFLINE=1 set when the
+    client is imported)."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hf_home" / "hub"
+    cache.mkdir(parents=True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return cache
+
+
 @pytest.fixture(scope="session")
 def stories():
     tok = AutoTokenizer.from_pretrained(STORIES)

@@ -14,6 +14,7 @@ from hf_spec.training.lazy_store import lazy_sequences
 from hf_spec.training.store_data import HEAD_KEYS
 from tests.conftest import STORIES, make_tiny_model, prompt_ids
 from tests.eagle3_checkpoints import write_eagle3_checkpoint
+from tests.fake_hub import cache_repo
 from tests.test_published_heads import write_eagle_checkpoint
 
 LAYERS = (1, 2, 3)
@@ -109,6 +110,22 @@ def test_published_heads_are_evaluated_on_the_layers_they_read(tmp_path):
         ValueError, match=r"reads target layers \[1, 2, 3\], the features hold layers \[0, 1, 2\]"
     ):
         head_agreement("eagle3", head, target, sequences, store_layers=(0, 1, 2))  # a store of other layers
+
+
+def test_a_head_by_hub_id_is_the_same_head(hub_cache, tmp_path):
+    target = make_tiny_model("llama", seed=5)
+    store = answers_store(target, tmp_path / "features")
+    sequences = list(lazy_sequences(store, set(store.ordered_ids()), (*HEAD_KEYS, "aux_features")))
+    write_eagle3_checkpoint(tmp_path / "eagle3", target, "sglang", layer_ids=[0, 1, 2], seed=4)
+    cache_repo(hub_cache, "org/eagle3-head", tmp_path / "eagle3")
+    results = [
+        head_agreement(
+            "eagle3", load_for_evaluation("eagle3", name, target), target, sequences, store_layers=(1, 2, 3)
+        )
+        for name in ("org/eagle3-head", str(tmp_path / "eagle3"))
+    ]
+    assert results[0] == results[1]
+    assert held_out_from_training("org/eagle3-head", store.ordered_ids()[:2]) is False
 
 
 def test_bad_input_is_refused_by_name(stories, tmp_path, keep_threads):

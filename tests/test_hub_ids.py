@@ -24,19 +24,6 @@ from tests.fake_hub import cache_repo
 from tests.test_published_heads import write_eagle_checkpoint
 
 
-@pytest.fixture
-def hub_cache(tmp_path, monkeypatch):
-    """An empty `$HF_HOME/hub` that the Hub client uses, offline (what HF_HOME and HF_HUB_OFFLINE=1 set when the
-    client is imported)."""
-    from huggingface_hub import constants
-
-    cache = tmp_path / "hf_home" / "hub"
-    cache.mkdir(parents=True)
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    return cache
-
-
 def assert_lossless(target, spec, seeds=(1,), new: int = 24) -> SpeculativeDecoder:
     dec = SpeculativeDecoder(spec)
     for seed in seeds:

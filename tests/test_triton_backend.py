@@ -211,18 +211,6 @@ assert not loaded, loaded
 
 # ---- head folders carry what runs them --------------------------------------------------------------------
 @pytest.fixture
-def hub_cache(tmp_path, monkeypatch):
-    """An empty Hub cache the Hub client uses, offline (as `tests/test_hub_ids.py` sets one up)."""
-    from huggingface_hub import constants
-
-    cache = tmp_path / "hf_home" / "hub"
-    cache.mkdir(parents=True)
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    return cache
-
-
-@pytest.fixture
 def head_folder(tmp_path):
     """`(target, folder)`: an EAGLE head folder whose own recipe names the head "." (as published heads do)."""
     from hf_spec.heads.eagle import EagleHeadConfig, EagleHeadModel
