@@ -145,6 +145,34 @@ def test_train_cli_end_to_end_and_resume(tmp_path, prompts_file, kind):
     assert torch.equal(out_ids, ref)
 
 
+def test_eagle3_trains_on_the_answers_to_prompts(tmp_path, prompts_file, keep_threads):
+    """`train eagle3 --prompts`: answers, features with the head's layers (kept apart from the other heads' store)
+    and training in one command; `data features --prompts --aux-layers` captures the same store beforehand."""
+    from hf_spec.methods.eagle3.drafter import load_eagle3_head
+    from hf_spec.training.features import FeatureStore
+
+    data, out = tmp_path / "data", tmp_path / "head"
+    common = [*data_args(data, prompts_file), "--max-new-tokens", "16", "--threads", "1"]
+    assert main(["data", "features", *common, "--aux-layers", "1,2,3"]) == 0
+    store = FeatureStore.open(data / "features-aux-1-2-3")
+    assert store.aux_layers == [1, 2, 3] and store.shards and not (data / "features").exists()
+    captured = list(store.shards)
+    train = ["train", "eagle3", *common, "--aux-layers", "1,2,3", "--draft-vocab", "64", "--epochs", "1"]
+    train += ["--heldout", "2", "--out", str(out), "--checkpoint-dir", str(tmp_path / "run")]
+    assert main(train) == 0
+    assert FeatureStore.open(store.folder).shards == captured  # the answers' features were not captured again
+    report = json.loads((out / "training_report.json").read_text())
+    assert report["prompt_files"] == [str(prompts_file)] and len(report["heldout"]["accuracy_by_depth"]) == 4
+    assert "(prompts: `tasks.jsonl`;" in (out / "README.md").read_text()
+    model = AutoModelForCausalLM.from_pretrained(STORIES).eval()
+    assert load_eagle3_head(str(out), model).config.hidden_state_indices == (1, 2, 3)
+    with pytest.raises(ValueError, match="one of them"):
+        main([*train, "--features", str(store.folder)])
+    no_prompts = [a for a in train if a not in ("--prompts", str(prompts_file))]
+    with pytest.raises(ValueError, match="--aux-layers goes with --prompts"):
+        main([*no_prompts, "--features", str(store.folder)])
+
+
 def test_head_card_lists_measured_rows_with_their_config():
     from hf_spec.heads.card import head_card
 

@@ -151,8 +151,13 @@ def run_features(args: argparse.Namespace) -> int:
         return run_corpus_features(args)
     if not args.prompts:
         raise ValueError("give --prompts (the target's answers to training prompts) or --corpus (fixed text)")
+    from hf_spec.training.corpus_features import eagle3_layers
+
     model, _, convs = conversations_from_args(args)
-    store = capture_features(model, convs, args.data_dir or None, target=args.target, topk=args.topk)
+    aux = parse_aux_layers(args.aux_layers, model.config.num_hidden_layers, eagle3_layers)
+    store = capture_features(
+        model, convs, args.data_dir or None, target=args.target, topk=args.topk, aux_layers=aux
+    )
     print(f"features: {store.num_tokens} tokens in {len(store.shards)} shards at {store.folder}")
     return 0
 

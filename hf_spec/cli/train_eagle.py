@@ -165,14 +165,7 @@ def train_and_save(args: argparse.Namespace, cfg, train_fn, recipe_cls, kind: st
 
     model_type = head_cls.config_class.model_type
 
-    if bool(args.prompts) == bool(args.features):
-        raise ValueError(
-            "give --prompts (the target answers them) or --features (a captured store), one of them"
-        )
-    if not args.features and (args.sources or args.limit_tokens or args.heldout_sources != "auto"):
-        raise ValueError(
-            "--sources, --limit-tokens and --heldout-sources select from a store: give --features"
-        )
+    check_data_options(args)
     out = Path(args.out)
     check_output_folder(out, holds_model_type(model_type), f"{model_type} head")  # before hours of training
     processes = current_processes()
@@ -202,6 +195,19 @@ def train_and_save(args: argparse.Namespace, cfg, train_fn, recipe_cls, kind: st
     return 0
 
 
+def check_data_options(args: argparse.Namespace) -> None:
+    """One source of training data: `--prompts` (the target answers them) or `--features` (a captured store),
+    and the store's selection options only with a store."""
+    if bool(args.prompts) == bool(args.features):
+        raise ValueError(
+            "give --prompts (the target answers them) or --features (a captured store), one of them"
+        )
+    if not args.features and (args.sources or args.limit_tokens or args.heldout_sources != "auto"):
+        raise ValueError(
+            "--sources, --limit-tokens and --heldout-sources select from a store: give --features"
+        )
+
+
 def load_start_head(args: argparse.Namespace, head_cls, method: str, target, cfg):
     """`--init-from`'s head, loaded for `target` (its fingerprint checked), or None; fills `cfg.draft_vocab` with
     the head's own size when `--draft-vocab` was not given. Only heads hf-spec trained: a published head's
@@ -226,18 +232,23 @@ def load_start_head(args: argparse.Namespace, head_cls, method: str, target, cfg
     return head
 
 
-def answer_data(args: argparse.Namespace, what: str):
+def answer_data(args: argparse.Namespace, what: str, aux_layers: str | None = None):
     """`(model, sequences, None, groups, store, info)` of the target's answers to `--prompts` (generated and
-    captured when missing); the trainer holds out every k-th prompt."""
-    from hf_spec.cli.data import conversations_from_args
+    captured when missing); the trainer holds out every k-th prompt. `aux_layers`: also capture (and read) these
+    layers' states (`--aux-layers`: `eagle3` or indices), for EAGLE-3 heads."""
+    from hf_spec.cli.data import conversations_from_args, parse_aux_layers
+    from hf_spec.training.corpus_features import eagle3_layers
     from hf_spec.training.features import capture_features
     from hf_spec.training.responses import prompt_id_of
+    from hf_spec.training.store_data import HEAD_KEYS
 
     model, _, convs = conversations_from_args(args)
-    store = capture_features(model, convs, args.data_dir, target=args.target)
+    aux = parse_aux_layers(aux_layers, model.config.num_hidden_layers, eagle3_layers)
+    store = capture_features(model, convs, args.data_dir, target=args.target, aux_layers=aux)
     wanted = {c.id for c in convs}
     groups = [prompt_id_of(cid) for cid in store.ordered_ids(wanted)]  # sampled answers go with their prompt
-    return model, store.load_sequences(wanted), None, groups, store, {"prompt_files": args.prompts}
+    keys = (*HEAD_KEYS, "aux_features") if aux else None
+    return model, store.load_sequences(wanted, keys), None, groups, store, {"prompt_files": args.prompts}
 
 
 def store_data(args: argparse.Namespace, what: str, keys: tuple[str, ...] | None = None):

@@ -17,16 +17,23 @@ from hf_spec.cli.argtypes import (
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from hf_spec.cli.common import add_device_argument
+    from hf_spec.cli.data import add_data_args
     from hf_spec.cli.train_eagle import add_store_args
 
     parser = subparsers.add_parser(
-        "eagle3", help="train an EAGLE-3 head on stored features (hf-spec data features --aux-layers eagle3)"
+        "eagle3",
+        help="train an EAGLE-3 head on the target's answers to --prompts, or on a feature store captured with "
+        "--aux-layers (hf-spec data features)",
     )
-    parser.add_argument("--target", required=True, help="target model: known name or local folder")
+    add_data_args(parser, prompts_required=False)  # --prompts, or --features below
     parser.add_argument("--out", required=True, help="output head folder")
     # STORE: captured with --aux-layers eagle3 (see `hf-spec data features`)
-    add_store_args(parser, features_required=True)
+    add_store_args(parser)
+    parser.add_argument(
+        "--aux-layers",
+        help="with --prompts: the target layers the head reads (hidden_states indices, comma-separated; default "
+        "eagle3: 2, N/2, N-3); a store's are those it was captured with",
+    )
     parser.add_argument("--align-steps", type=positive_int, default=4, help="training-time-test steps")
     parser.add_argument("--topk", type=nonnegative_int, default=0, help="HASS top-K distillation K (0 = off)")
     parser.add_argument("--topk-weight", type=nonnegative_float, default=1.0)
@@ -55,7 +62,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--save-every", type=positive_int, default=50, help="checkpoint every N steps")
     parser.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto")
-    parser.add_argument("--threads", type=positive_int, help="torch CPU threads")
     parser.add_argument("--checkpoint-dir", help="default: $HF_SPEC_CACHE/runs/<out name>-<hash of its path>")
     parser.add_argument(
         "--save-dtype",
@@ -63,14 +69,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default="bfloat16",
         help="dtype of the saved weights (published EAGLE-3 heads are bfloat16 or float16)",
     )
-    add_device_argument(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from hf_spec.cli.train_eagle import default_run_dir, store_data
+    from hf_spec.cli.train_eagle import answer_data, check_data_options, default_run_dir, store_data
     from hf_spec.heads.card import head_card
     from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER, write_recipe_and_card
     from hf_spec.heads.published.eagle3 import SIDECAR, SIDECAR_FORMAT
@@ -85,23 +90,24 @@ def run(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     check_output_folder(out, lambda f: _sidecar_format(f / SIDECAR) == SIDECAR_FORMAT, "EAGLE-3 head")
-    store = FeatureStore.open(args.features)
-    if not store.shards:
-        raise ValueError(f"{args.features} holds no features: capture them with `hf-spec data features`")
-    if len(store.aux_layers) < 2:
+    check_data_options(args)
+    if args.features and args.aux_layers:
         raise ValueError(
-            f"{args.features} was captured without EAGLE-3's layers: capture with --aux-layers eagle3"
+            f"--aux-layers goes with --prompts: {args.features} holds the layers it was captured with"
         )
-    if args.topk > store.topk:
-        raise ValueError(
-            f"--topk {args.topk} exceeds the {store.topk} target probabilities in {args.features}"
-        )
+    if args.features:  # before loading the target
+        check_eagle3_store(FeatureStore.open(args.features), args.topk, args.features)
     processes = current_processes()  # under accelerate launch / torchrun: each trains on its share of a batch
-    # read batch by batch: the store may not fit in memory
-    with processes.main_first():
-        model, sequences, heldout, groups, store, info = store_data(
-            args, "EAGLE-3 training", (*HEAD_KEYS, "aux_features")
-        )
+    with processes.main_first():  # the main process fills the answer and feature caches, the others read them
+        if args.features:  # read batch by batch: the store may not fit in memory
+            model, sequences, heldout, groups, store, info = store_data(
+                args, "EAGLE-3 training", (*HEAD_KEYS, "aux_features")
+            )
+        else:
+            model, sequences, heldout, groups, store, info = answer_data(
+                args, "EAGLE-3 training", args.aux_layers or "eagle3"
+            )
+            check_eagle3_store(store, args.topk, store.folder)
     start = load_eagle3_head(args.init_from, model) if args.init_from else None
     cfg = Eagle3TrainConfig(
         align_steps=args.align_steps,
@@ -138,6 +144,17 @@ def run(args: argparse.Namespace) -> int:
         f"{report['tokens_per_second']:.0f} trained tokens/s over {report['wall_seconds']} s"
     )
     return 0
+
+
+def check_eagle3_store(store, topk: int, name) -> None:
+    """Refuse a feature store an EAGLE-3 head cannot train on: empty, without the layers it reads, or with fewer
+    target probabilities a position than `--topk`."""
+    if not store.shards:
+        raise ValueError(f"{name} holds no features: capture them with `hf-spec data features`")
+    if len(store.aux_layers) < 2:
+        raise ValueError(f"{name} was captured without EAGLE-3's layers: capture with --aux-layers eagle3")
+    if topk > store.topk:
+        raise ValueError(f"--topk {topk} exceeds the {store.topk} target probabilities in {name}")
 
 
 def _sidecar_format(path: Path) -> str | None:
