@@ -157,12 +157,35 @@ def test_eagle3_trains_on_the_answers_to_prompts(tmp_path, prompts_file, keep_th
     store = FeatureStore.open(data / "features-aux-1-2-3")
     assert store.aux_layers == [1, 2, 3] and store.shards and not (data / "features").exists()
     captured = list(store.shards)
-    train = ["train", "eagle3", *common, "--aux-layers", "1,2,3", "--draft-vocab", "64", "--epochs", "1"]
-    train += ["--heldout", "2", "--out", str(out), "--checkpoint-dir", str(tmp_path / "run")]
+    train = [
+        "train",
+        "eagle3",
+        *common,
+        "--aux-layers",
+        "1,2,3",
+        "--draft-vocab",
+        "64",
+        "--batch-tokens",
+        "64",
+    ]
+    train += [
+        "--heldout",
+        "2",
+        "--out",
+        str(out),
+        "--checkpoint-dir",
+        str(tmp_path / "run"),
+        "--eval-every",
+        "1",
+    ]
     assert main(train) == 0
     assert FeatureStore.open(store.folder).shards == captured  # the answers' features were not captured again
     report = json.loads((out / "training_report.json").read_text())
     assert report["prompt_files"] == [str(prompts_file)] and len(report["heldout"]["accuracy_by_depth"]) == 4
+    # --eval-every 1: the held-out set after every step but the last (which "heldout" is)
+    assert report["steps"] > 2
+    assert [e["step"] for e in report["heldout_by_step"]] == list(range(1, report["steps"]))
+    assert all(len(e["accuracy_by_depth"]) == 4 for e in report["heldout_by_step"])
     assert "(prompts: `tasks.jsonl`;" in (out / "README.md").read_text()
     model = AutoModelForCausalLM.from_pretrained(STORIES).eval()
     assert load_eagle3_head(str(out), model).config.hidden_state_indices == (1, 2, 3)

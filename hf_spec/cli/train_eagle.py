@@ -89,6 +89,7 @@ def add_common_train_args(parser: argparse.ArgumentParser, draft_vocab: int = 32
         help="prompts held out for evaluation (with --features: of --heldout-sources)",
     )
     parser.add_argument("--save-every", type=positive_int, default=50, help="checkpoint every N steps")
+    add_eval_every_argument(parser)
     parser.add_argument(
         "--init-from-last-layer",
         action="store_true",
@@ -102,6 +103,15 @@ def add_common_train_args(parser: argparse.ArgumentParser, draft_vocab: int = 32
     )
     parser.add_argument(
         "--checkpoint-dir", help="default: $HF_SPEC_CACHE/runs/<out folder name>-<hash of its path>"
+    )
+
+
+def add_eval_every_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--eval-every",
+        type=nonnegative_int,
+        default=0,
+        help="also evaluate on the held-out set every N steps, shown and kept in the report (0: at the end only)",
     )
 
 
@@ -138,6 +148,7 @@ def common_train_config(args: argparse.Namespace) -> dict:
         "seed",
         "heldout",
         "save_every",
+        "eval_every",
         "precision",
         "init_from_last_layer",
     )

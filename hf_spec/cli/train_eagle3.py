@@ -18,7 +18,7 @@ from hf_spec.cli.argtypes import (
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     from hf_spec.cli.data import add_data_args
-    from hf_spec.cli.train_eagle import add_store_args
+    from hf_spec.cli.train_eagle import add_eval_every_argument, add_store_args
 
     parser = subparsers.add_parser(
         "eagle3",
@@ -61,6 +61,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="prompts held out for evaluation (see --heldout-sources)",
     )
     parser.add_argument("--save-every", type=positive_int, default=50, help="checkpoint every N steps")
+    add_eval_every_argument(parser)
     parser.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto")
     parser.add_argument("--checkpoint-dir", help="default: $HF_SPEC_CACHE/runs/<out name>-<hash of its path>")
     parser.add_argument(
@@ -121,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         heldout=args.heldout,
         save_every=args.save_every,
+        eval_every=args.eval_every,
         precision=args.precision,
         extra={"init_from": args.init_from} if args.init_from else {},
     )

@@ -141,3 +141,26 @@ def _accelerate_cpu_without_mpi() -> bool:
     the N processes it expects MPI to start, and runs this one alone."""
     cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
     return cpu and "MASTER_ADDR" in os.environ and "RANK" not in os.environ
+
+
+def share_of_positions(batch: dict[str, torch.Tensor], counts: bool, processes) -> float:
+    """This process's share of the global batch's loss positions (answer tokens with two predecessors, the
+    positions `Unroll.mask` counts); 1.0 with one process."""
+    if processes.world == 1:
+        return 1.0
+    ok = batch["valid"] & batch["response_mask"].bool()
+    mine = float(ok[:, 2:].sum()) if counts else 0.0
+    return mine / max(processes.total(mine), 1.0)
+
+
+def global_values(
+    loss: float, accs: list[float], parts: dict[str, float], weight: float, processes
+) -> tuple[float, list[float], dict[str, float]]:
+    """The global batch's loss, accuracies and loss parts from each process's, weighted by its share."""
+    if processes.world == 1:
+        return loss, accs, parts
+    values = torch.tensor([loss, *accs, *parts.values()], dtype=torch.float64) * weight
+    out = (
+        processes.accelerator.reduce(values.to(processes.accelerator.device), reduction="sum").cpu().tolist()
+    )
+    return out[0], out[1 : 1 + len(accs)], dict(zip(parts, out[1 + len(accs) :], strict=True))

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from hf_spec.heads.eagle.losses import soft_cross_entropy, topk_loss
 from hf_spec.training.batches import collate, draft_vocabulary, training_schedule, vocabulary_coverage
-from hf_spec.training.distributed import current_processes
+from hf_spec.training.distributed import current_processes, global_values, share_of_positions
 from hf_spec.training.loop import Checkpoint, warmup_linear_decay
 
 # step_fn(head, batch, cfg, t2d) -> (loss, accuracy per draft depth, loss parts)
@@ -108,8 +108,8 @@ class HeadTrainConfig:
     feature_weight / ce_weight: weights of the feature regression and the soft cross-entropy.
     draft_vocab: reduced draft vocabulary size (most frequent answer tokens).
     epochs: passes over the data. batch_tokens: padded tokens per batch. max_len: longest sequence kept.
-    heldout: conversations held out for the evaluation. init_from_last_layer: warm-start the head's layer from
-    the target's last layer.
+    heldout: conversations held out for the evaluation. eval_every: also evaluate on them every N steps (0: at
+    the end only). init_from_last_layer: warm-start the head's layer from the target's last layer.
     precision: "bf16" (autocast matmuls; master weights, softmax and losses stay fp32), "fp32", or "auto" (bf16
     where the hardware multiplies bf16 natively: CUDA, or a CPU with AMX / AVX512-BF16).
     The defaults weight the distribution term above the feature regression (CE 1.0, feature 0.1, lr 1e-3, a fresh
@@ -130,12 +130,13 @@ class HeadTrainConfig:
     seed: int = 0
     save_every: int = 50
     heldout: int = 16
+    eval_every: int = 0
     init_from_last_layer: bool = False
     precision: str = "auto"
     extra: dict = field(default_factory=dict)
 
 
-_RESUMABLE_CHANGES = {"save_every", "precision"}  # training settings a resumed run may change
+_RESUMABLE_CHANGES = {"save_every", "precision", "eval_every"}  # settings a resumed run may change
 _HEAD_CONFIG_BOOKKEEPING = {
     "transformers_version",
     "training",
@@ -231,6 +232,18 @@ def evaluate(head, sequences, cfg: HeadTrainConfig, t2d: torch.Tensor, step_fn: 
         "loss": sum(losses) / len(losses),
         "accuracy_by_depth": [round(t / len(sequences), 4) for t in totals],
     }
+
+
+def evaluate_during_training(head, heldout, cfg, t2d, step_fn, step: int, extra: dict, bar) -> float:
+    """`evaluate` at `step` of a run (`cfg.eval_every`): recorded in `extra["evals"]` (the checkpoint's, so a
+    resumed run keeps it) and shown above the progress bar; returns the seconds it took, which the run's
+    throughput leaves out."""
+    began = time.perf_counter()
+    result = evaluate(head.eval(), heldout, cfg, t2d, step_fn)
+    head.train()
+    extra.setdefault("evals", []).append({"step": step} | result)
+    bar.write(f"step {step}: held-out agreement by depth {result['accuracy_by_depth']}")
+    return time.perf_counter() - began
 
 
 def train_head(
@@ -348,6 +361,14 @@ def train_head(
             | {k: round(v, 4) for k, v in parts.items()}
         )
         extra["wall_seconds"] = wall_before + elapsed
+        if (
+            cfg.eval_every
+            and step % cfg.eval_every == 0
+            and step < total_steps
+            and heldout
+            and processes.is_main
+        ):
+            started += evaluate_during_training(head, heldout, cfg, t2d, step_fn, step, extra, bar)
         if processes.is_main and (step % cfg.save_every == 0 or step == total_steps):
             checkpoint.save(head, optimizer, scheduler, step, extra)
     bar.close()
@@ -373,28 +394,6 @@ def train_head(
         "num_processes_by_step": extra["num_processes"],  # a resumed run may have changed it
         "global_batch_tokens": cfg.batch_tokens,  # padded tokens per optimizer step, over all processes
         "heldout": evaluate(head, heldout, cfg, t2d, step_fn) if processes.is_main else {},
+        "heldout_by_step": extra.get("evals", []),  # with --eval-every
     }
     return head, report
-
-
-def share_of_positions(batch: dict[str, torch.Tensor], counts: bool, processes) -> float:
-    """This process's share of the global batch's loss positions (answer tokens with two predecessors, the
-    positions `Unroll.mask` counts); 1.0 with one process."""
-    if processes.world == 1:
-        return 1.0
-    ok = batch["valid"] & batch["response_mask"].bool()
-    mine = float(ok[:, 2:].sum()) if counts else 0.0
-    return mine / max(processes.total(mine), 1.0)
-
-
-def global_values(
-    loss: float, accs: list[float], parts: dict[str, float], weight: float, processes
-) -> tuple[float, list[float], dict[str, float]]:
-    """The global batch's loss, accuracies and loss parts from each process's, weighted by its share."""
-    if processes.world == 1:
-        return loss, accs, parts
-    values = torch.tensor([loss, *accs, *parts.values()], dtype=torch.float64) * weight
-    out = (
-        processes.accelerator.reduce(values.to(processes.accelerator.device), reduction="sum").cpu().tolist()
-    )
-    return out[0], out[1 : 1 + len(accs)], dict(zip(parts, out[1 + len(accs) :], strict=True))
