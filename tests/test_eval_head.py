@@ -9,7 +9,12 @@ import pytest
 
 from hf_spec.cli.main import main
 from hf_spec.training.features import FeatureStore, capture_sequences
-from hf_spec.training.head_eval import head_agreement, held_out_from_training, load_for_evaluation
+from hf_spec.training.head_eval import (
+    head_agreement,
+    head_method,
+    held_out_from_training,
+    load_for_evaluation,
+)
 from hf_spec.training.lazy_store import lazy_sequences
 from hf_spec.training.store_data import HEAD_KEYS
 from tests.conftest import STORIES, make_tiny_model, prompt_ids
@@ -66,18 +71,16 @@ def test_agreement_on_the_heldout_set_is_the_training_reports(
     args = [
         "eval-head",
         *common,
-        "--method",
-        method,
         "--head",
         str(head),
         "--heldout",
         "2",
         "--out",
         str(out),
-    ]
+    ]  # method: the head's
     assert main(args) == 0
     result = json.loads(out.read_text())
-    assert result["sequences"] == len(report["heldout_ids"]) == 2
+    assert result["method"] == method and result["sequences"] == len(report["heldout_ids"]) == 2
     assert result["accuracy_by_depth"] == pytest.approx(report["heldout"]["accuracy_by_depth"], abs=2e-3)
     assert any(a > 0 for a in result["accuracy_by_depth"])
     assert result["held_out_from_training"] is True  # the report lists these ids as held out
@@ -99,6 +102,7 @@ def test_published_heads_are_evaluated_on_the_layers_they_read(tmp_path):
     sequences = list(lazy_sequences(store, set(store.ordered_ids()), (*HEAD_KEYS, "aux_features")))
     write_eagle_checkpoint(tmp_path / "eagle1", target)
     write_eagle3_checkpoint(tmp_path / "eagle3", target, "sglang", layer_ids=[0, 1, 2])  # states 1, 2, 3
+    assert head_method(str(tmp_path / "eagle3")) == "eagle3" and head_method(str(tmp_path / "eagle1")) is None
     for method, name in (("eagle", "eagle1"), ("eagle3", "eagle3")):
         head = load_for_evaluation(method, str(tmp_path / name), target)
         result = head_agreement(method, head, target, sequences, store_layers=store.aux_layers)
@@ -133,6 +137,8 @@ def test_bad_input_is_refused_by_name(stories, tmp_path, keep_threads):
     items = [(f"text/t{i}", prompt_ids(12, seed=i)[0].tolist(), [0] * 6 + [1] * 6) for i in range(4)]
     store = capture_sequences(model, items, tmp_path / "plain", topk=8, progress=False)  # no EAGLE-3 layers
     common = ["eval-head", "--target", str(STORIES), "--features", str(store.folder), "--head", str(tmp_path)]
+    with pytest.raises(ValueError, match="does not say how it drafts"):
+        main(common)
     with pytest.raises(ValueError, match="has no held-out set"):
         main([*common, "--method", "eagle"])
     with pytest.raises(ValueError, match="capture with --aux-layers eagle3"):

@@ -23,7 +23,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "sequences every training report on that store is evaluated on.",
     )
     parser.add_argument("--target", required=True, help="target model: known name, local folder or Hub id")
-    parser.add_argument("--method", required=True, choices=METHODS, help="how the head drafts")
+    parser.add_argument(
+        "--method",
+        choices=METHODS,
+        help="how the head drafts (default: from the head's files; needed for published EAGLE-1 heads)",
+    )
     parser.add_argument("--head", required=True, help="head folder or Hub id (ours or a published layout)")
     parser.add_argument("--features", required=True, help="feature store of the target")
     parser.add_argument(
@@ -53,13 +57,23 @@ def run(args: argparse.Namespace) -> int:
     from hf_spec.models.fetch import load_model
     from hf_spec.output_folder import check_output_file
     from hf_spec.training.features import FeatureStore
-    from hf_spec.training.head_eval import head_agreement, held_out_from_training, load_for_evaluation
+    from hf_spec.training.head_eval import (
+        head_agreement,
+        head_method,
+        held_out_from_training,
+        load_for_evaluation,
+    )
     from hf_spec.training.lazy_store import lazy_sequences
     from hf_spec.training.store_data import HEAD_KEYS, check_store, split_store
 
     if args.limit_tokens and not args.sources:
         raise ValueError(
             "--limit-tokens selects from --sources: give --sources (or evaluate on the held-out set)"
+        )
+    args.method = args.method or head_method(args.head)
+    if args.method is None:
+        raise ValueError(
+            f"{args.head!r} does not say how it drafts (no hf-spec recipe, not an EAGLE-3 checkpoint): give --method"
         )
     if args.out:  # before any work
         check_output_file(args.out, lambda p: _is_result(p), "agreement result")

@@ -15,6 +15,35 @@ import torch
 METHODS = ("eagle", "eagle3", "lyanna")
 
 
+def head_method(head_path: str) -> str | None:
+    """How the head `head_path` (a folder or Hub id) drafts, from its own files: the method of its recipe
+    (`hf_spec_config.json`, in every folder hf-spec saves), else `eagle3` for a published EAGLE-3 checkpoint;
+    None when they do not say."""
+    import json
+    from pathlib import Path
+
+    from hf_spec.hub_ids import HEAD_CONFIG_FILES, resolve_folder
+
+    folder = Path(resolve_folder(head_path, "head", HEAD_CONFIG_FILES))
+
+    def read(name: str) -> dict:
+        try:
+            data = json.loads((folder / name).read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    method = read("hf_spec_config.json").get("method")
+    if method in METHODS:
+        return method
+    config = read("config.json")
+    if config.get("speculators_model_type") == "eagle3" or any(
+        "Eagle3" in a for a in config.get("architectures") or ()
+    ):
+        return "eagle3"
+    return None
+
+
 def load_for_evaluation(method: str, head_path: str, target) -> Any:
     """The head `head_path` names (a folder or Hub id), loaded for `target` as `method` decodes with it."""
     if method == "eagle3":
