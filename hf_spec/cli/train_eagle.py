@@ -158,10 +158,8 @@ def common_train_config(args: argparse.Namespace) -> dict:
     }
     if values["draft_vocab"] is None:  # with --init-from, train_and_save takes the head's own size
         values["draft_vocab"] = args.default_draft_vocab
-    if args.init_from:
-        values["extra"] = {
-            "init_from": args.init_from
-        }  # part of the run's identity: a resume keeps its start
+    if args.init_from:  # part of the run's identity: a resume keeps its start head
+        values["extra"] = {"init_from": args.init_from}
     return values
 
 
@@ -175,7 +173,6 @@ def train_and_save(args: argparse.Namespace, cfg, train_fn, recipe_cls, kind: st
     from hf_spec.training.warm_start import started_from
 
     model_type = head_cls.config_class.model_type
-
     check_data_options(args)
     out = Path(args.out)
     check_output_folder(out, holds_model_type(model_type), f"{model_type} head")  # before hours of training

@@ -136,7 +136,7 @@ def capture_features(
     `topk` most likely next tokens per position (None: as many as the store already keeps, 16 for a new one);
     with `aux_layers` (EAGLE-3's `hidden_states` indices) also those layers' states, into
     `<data_dir>/features-aux-I-J-K` (a store keeps one set of layers)."""
-    name = "features" + "".join(f"-{i}" for i in (("aux", *aux_layers) if aux_layers else ()))
+    name = "features" + ("-aux-" + "-".join(map(str, aux_layers)) if aux_layers else "")
     folder = Path(data_dir or default_data_dir(target or model.name_or_path)) / name
     items = [(c.id, c.input_ids, [0] * len(c.prompt_ids) + [1] * len(c.response_ids)) for c in conversations]
     return capture_sequences(
