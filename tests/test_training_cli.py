@@ -189,6 +189,15 @@ def test_eagle3_trains_on_the_answers_to_prompts(tmp_path, prompts_file, keep_th
     assert "(prompts: `tasks.jsonl`;" in (out / "README.md").read_text()
     model = AutoModelForCausalLM.from_pretrained(STORIES).eval()
     assert load_eagle3_head(str(out), model).config.hidden_state_indices == (1, 2, 3)
+    # training on from it, on the same prompts: the answers' features are read at the head's own layers (this
+    # 5-layer target has no three distinct default EAGLE-3 layers), from the same store
+    on = _set(
+        _set(_without(train, "--aux-layers"), "--out", str(tmp_path / "on")),
+        "--checkpoint-dir",
+        str(tmp_path / "r2"),
+    )
+    assert main([*on, "--init-from", str(out), "--lr", "1e-12"]) == 0
+    assert FeatureStore.open(store.folder).shards == captured
     with pytest.raises(ValueError, match="one of them"):
         main([*train, "--features", str(store.folder)])
     no_prompts = [a for a in train if a not in ("--prompts", str(prompts_file))]

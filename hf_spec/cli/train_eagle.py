@@ -240,10 +240,11 @@ def load_start_head(args: argparse.Namespace, head_cls, method: str, target, cfg
     return head
 
 
-def answer_data(args: argparse.Namespace, what: str, aux_layers: str | None = None):
+def answer_data(args: argparse.Namespace, what: str, aux_layers=None):
     """`(model, sequences, None, groups, store, info)` of the target's answers to `--prompts` (generated and
     captured when missing); the trainer holds out every k-th prompt. `aux_layers`: also capture (and read) these
-    layers' states (`--aux-layers`: `eagle3` or indices), for EAGLE-3 heads."""
+    layers' states, for EAGLE-3 heads: `--aux-layers`' text (`eagle3` or indices), or a function of the loaded
+    target giving the indices."""
     from hf_spec.cli.data import conversations_from_args, parse_aux_layers
     from hf_spec.training.corpus_features import eagle3_layers
     from hf_spec.training.features import capture_features
@@ -251,7 +252,10 @@ def answer_data(args: argparse.Namespace, what: str, aux_layers: str | None = No
     from hf_spec.training.store_data import HEAD_KEYS
 
     model, _, convs = conversations_from_args(args)
-    aux = parse_aux_layers(aux_layers, model.config.num_hidden_layers, eagle3_layers)
+    if callable(aux_layers):
+        aux = tuple(aux_layers(model))
+    else:
+        aux = parse_aux_layers(aux_layers, model.config.num_hidden_layers, eagle3_layers)
     store = capture_features(model, convs, args.data_dir, target=args.target, aux_layers=aux)
     wanted = {c.id for c in convs}
     groups = [prompt_id_of(cid) for cid in store.ordered_ids(wanted)]  # sampled answers go with their prompt

@@ -99,14 +99,17 @@ def run(args: argparse.Namespace) -> int:
     if args.features:  # before loading the target
         check_eagle3_store(FeatureStore.open(args.features), args.topk, args.features)
     processes = current_processes()  # under accelerate launch / torchrun: each trains on its share of a batch
+
     with processes.main_first():  # the main process fills the answer and feature caches, the others read them
         if args.features:  # read batch by batch: the store may not fit in memory
             model, sequences, heldout, groups, store, info = store_data(
                 args, "EAGLE-3 training", (*HEAD_KEYS, "aux_features")
             )
-        else:
+        else:  # the layers: --aux-layers, else those of the head to start from, else EAGLE-3's default three
             model, sequences, heldout, groups, store, info = answer_data(
-                args, "EAGLE-3 training", args.aux_layers or "eagle3"
+                args,
+                "EAGLE-3 training",
+                args.aux_layers or (layers_read_by(args.init_from) if args.init_from else "eagle3"),
             )
             check_eagle3_store(store, args.topk, store.folder)
     start = load_eagle3_head(args.init_from, model) if args.init_from else None
@@ -146,6 +149,17 @@ def run(args: argparse.Namespace) -> int:
         f"{report['tokens_per_second']:.0f} trained tokens/s over {report['wall_seconds']} s"
     )
     return 0
+
+
+def layers_read_by(head: str):
+    """The target layers (`hidden_states` indices) the EAGLE-3 head `head` reads, as a function of the loaded
+    target (`answer_data`'s `aux_layers`): a published head's are read against the target's layer count."""
+    from hf_spec.methods.eagle3 import load_eagle3_head
+
+    def layers(target) -> tuple[int, ...]:
+        return tuple(load_eagle3_head(head, target).config.hidden_state_indices)
+
+    return layers
 
 
 def check_eagle3_store(store, topk: int, name) -> None:
