@@ -198,6 +198,17 @@ def test_eagle3_trains_on_the_answers_to_prompts(tmp_path, prompts_file, keep_th
     )
     assert main([*on, "--init-from", str(out), "--lr", "1e-12"]) == 0
     assert FeatureStore.open(store.folder).shards == captured
+    # eval-head on the answers to the same prompts: read from the same store, at the head's layers
+    result = tmp_path / "agreement.json"
+    assert main(["eval-head", *common, "--head", str(out), "--out", str(result)]) == 0
+    agreement = json.loads(result.read_text())
+    assert (
+        agreement["method"] == "eagle3"
+        and agreement["sequences"] == 8
+        and len(agreement["accuracy_by_depth"]) == 4
+    )
+    assert agreement["sources"] == f"answers to {prompts_file}" and "held_out_from_training" not in agreement
+    assert FeatureStore.open(store.folder).shards == captured
     with pytest.raises(ValueError, match="one of them"):
         main([*train, "--features", str(store.folder)])
     no_prompts = [a for a in train if a not in ("--prompts", str(prompts_file))]
