@@ -30,6 +30,7 @@ from hf_spec.heads.eagle.losses import alignment_mask
 from hf_spec.heads.published.eagle3_model import Eagle3Head, Eagle3HeadConfig
 from hf_spec.models.fingerprint import check_fingerprint, target_fingerprint
 from hf_spec.training.trainer import HeadTrainConfig, Unroll, train_head
+from hf_spec.training.warm_start import check_draft_vocabulary
 
 
 @dataclass
@@ -164,11 +165,7 @@ def train_eagle3(
                 f"the head to start from reads target layers {list(init_from.config.hidden_state_indices)}, the "
                 f"features hold layers {list(hidden_state_indices)}: capture the features with the head's layers"
             )
-        if init_from.config.draft_vocab_size != cfg.draft_vocab:
-            raise ValueError(
-                f"the head to start from has a {init_from.config.draft_vocab_size}-token draft vocabulary, the "
-                f"training config asks for {cfg.draft_vocab}"
-            )
+        check_draft_vocabulary(init_from.config.draft_vocab_size, cfg.draft_vocab, "EAGLE-3 head")
     config = Eagle3HeadConfig.for_target(target, cfg.draft_vocab, tuple(hidden_state_indices))
     width = config.fused_width
     if sequences and sequences[0]["aux_features"].shape[-1] != width:

@@ -25,15 +25,19 @@ def train_on_from(head: nn.Module, fresh: Any, fields: tuple[str, ...], what: st
                 f"the head to start from has {field}={have!r}, this run asks for {want!r}: train on with the "
                 f"head's own setting or train a new {what}"
             )
-    size = head.config.draft_vocab_size
-    if size != fresh.draft_vocab_size:
-        raise ValueError(
-            f"the head to start from has a {size}-token draft vocabulary, the training config asks for "
-            f"{fresh.draft_vocab_size}: leave --draft-vocab out (the head's own is kept) or train a new {what}"
-        )
+    check_draft_vocabulary(head.config.draft_vocab_size, fresh.draft_vocab_size, what)
     head = head.float().train()
     head.keeps_its_vocabulary = True
     return head
+
+
+def check_draft_vocabulary(size: int, wanted: int, what: str) -> None:
+    """Refuse to train on from a head with a `size`-token draft vocabulary under a run asking for `wanted`."""
+    if size != wanted:
+        raise ValueError(
+            f"the head to start from has a {size}-token draft vocabulary, the training config asks for {wanted}: "
+            f"leave --draft-vocab out (the head's own is kept) or train a new {what}"
+        )
 
 
 def saved_training_report(folder: str | Path) -> dict[str, Any] | None:
