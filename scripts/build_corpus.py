@@ -68,8 +68,11 @@ def fetch(sources: Path) -> dict[str, Path]:
     for spec in DEBIAN:
         name, version = spec.split("=")
         path = sources / f"{name}_{version}_{'all' if name.endswith('-doc') else 'amd64'}.deb"
-        if not path.exists():
-            subprocess.run(["apt-get", "download", spec], cwd=sources, check=True)
+        if not path.exists() and subprocess.run(["apt-get", "download", spec], cwd=sources).returncode:
+            raise SystemExit(
+                f"apt-get could not download {spec}: on a fresh machine its package lists may predate the "
+                "pinned version; run `apt-get update` and try again"
+            )
         got[spec] = path
     for spec in PYPI:
         name, version = spec.split("==")
