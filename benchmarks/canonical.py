@@ -60,6 +60,7 @@ CANONICAL: dict[str, list[str]] = {
         "hf-pld",
         "pld",
         f"eagle:{C}/hass-{S}-int4-chain2.json",
+        f"eagle3:{C}/eagle3-{S}-int4-chain2.json",
         f"lyanna:{C}/lyanna-{S}-int4-chain2.json",
         "oracle:8",
     ],
