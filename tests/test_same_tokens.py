@@ -8,23 +8,21 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from hf_spec.training.features import capture_sequences
-from tests.conftest import STORIES, prompt_ids
+from tests.conftest import STORIES
+from tests.test_train_from_store import items
 
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # about a minute: two trainings, two fine-tunings and a nine-method bench
 def test_same_tokens_trains_both_heads_on_one_selection_and_benches_them(stories, tmp_path):
     model, _ = stories
-    items = []
-    for i in range(8):
-        ids = prompt_ids(8, vocab_size=512, seed=500 + i)
-        answer = model.generate(ids, max_new_tokens=24, do_sample=False)[0].tolist()
-        items.append((f"answers/a{i}", answer, [0] * 8 + [1] * (len(answer) - 8)))
-    for i in range(4):
-        ids = prompt_ids(40, vocab_size=512, seed=600 + i)[0].tolist()
-        items.append((f"python-docs/d{i}", ids, [0] + [1] * (len(ids) - 1)))
-    store = capture_sequences(model, items, tmp_path / "store", topk=16, aux_layers=(1, 2, 3), progress=False)
+    store = capture_sequences(
+        model, items(model), tmp_path / "store", topk=16, aux_layers=(1, 2, 3), progress=False
+    )
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(
         "".join(
