@@ -17,31 +17,36 @@ store=${FEATURES:-$cache/corpus/${CORPUS:-v1}/features/$target-bfloat16-eagle3}
 out=${OUT:-benchmarks/results/scaling/same-tokens}
 tokens=${TOKENS:-0.6M}
 arm=same-$tokens
-sizes=(--batch-tokens "${BATCH_TOKENS:-1024}" --threads 1 --align-steps 3 --topk 10)
+shape=(--threads 1 --align-steps 3 --topk 10)  # both steps, both heads: 1 thread each, side by side
+method_of() { [ "$1" = hass ] && echo eagle || echo eagle3; }  # the hf-spec method (and trainer) of a head kind
+wait_all() {  # wait_all STEP PID...: fail naming the step if any run failed
+  local step=$1; shift
+  for pid in "$@"; do wait "$pid" || { echo "$step failed: see the train.log files under $out" >&2; exit 1; }; done
+}
 [ -d "$store" ] || { echo "no feature store at $store: run AUX=1 scripts/capture_corpus.sh $target" >&2; exit 2; }
 
 # step 1: one epoch over the first $tokens tokens of the store (answers first), 1 thread each, side by side
-common=(--target "$target" --features "$store" --epochs 1 --threads 1 --align-steps 3 --topk 10
-        --heldout "${HELDOUT:-16}" --arm "$arm:ALL:$tokens")
+common=(--target "$target" --features "$store" --epochs 1 "${shape[@]}" --heldout "${HELDOUT:-16}"
+        --arm "$arm:ALL:$tokens")
 step1=(--draft-vocab "${DRAFT_VOCAB:-16384}" --batch-tokens "${BATCH_TOKENS:-1024}" --lr 3e-4)
 python benchmarks/scaling_curve.py "${common[@]}" --method eagle3 --out "$out/eagle3" -- "${step1[@]}" &
 pids=($!)
 python benchmarks/scaling_curve.py "${common[@]}" --method eagle --out "$out/hass" -- "${step1[@]}" \
   --init-from-last-layer &
 pids+=($!)
-for pid in "${pids[@]}"; do wait "$pid" || { echo "step 1 failed: see $out/*/arms/$arm/train.log" >&2; exit 1; }; done
+wait_all "step 1" "${pids[@]}"
 
 # step 2: on from each head over the target's own answers, 2 epochs at lr 1e-4
 pids=()
 for kind in eagle3 hass; do
-  trainer=$([ "$kind" = hass ] && echo eagle || echo eagle3)
   mkdir -p "$out/step2/$kind"
-  hf-spec train "$trainer" --target "$target" --features "$store" --sources answers \
-    --init-from "$out/$kind/arms/$arm/head" --epochs 2 --lr 1e-4 --heldout "${HELDOUT:-16}" "${sizes[@]}" \
+  hf-spec train "$(method_of "$kind")" --target "$target" --features "$store" --sources answers \
+    --init-from "$out/$kind/arms/$arm/head" --epochs 2 --lr 1e-4 --heldout "${HELDOUT:-16}" "${shape[@]}" \
+    --batch-tokens "${BATCH_TOKENS:-1024}" \
     --checkpoint-dir "$out/step2/$kind/run" --out "$out/step2/$kind/head" > "$out/step2/$kind/train.log" 2>&1 &
   pids+=($!)
 done
-for pid in "${pids[@]}"; do wait "$pid" || { echo "step 2 failed: see $out/step2/*/train.log" >&2; exit 1; }; done
+wait_all "step 2" "${pids[@]}"
 
 # decoding: both heads of both steps at two tree budgets, in one run (configs written here, heads beside them)
 methods=ar
@@ -51,7 +56,7 @@ for step in "" step2; do
     read -r depth topk total <<<"$tree"
     for kind in eagle3 hass; do
       head=$([ -n "$step" ] && echo "../step2/$kind/head" || echo "../$kind/arms/$arm/head")
-      method=$([ "$kind" = hass ] && echo eagle || echo eagle3)
+      method=$(method_of "$kind")
       config="$out/configs/$kind${step:+-$step}-d${depth}k${topk}t${total}.json"
       printf '{\n  "method": "%s",\n  "head": "%s",\n  "depth": %s,\n  "topk": %s,\n  "total_tokens": %s,\n  "vocab_limit": %s,\n  "quantize": "int4"\n}\n' \
         "$method" "$head" "$depth" "$topk" "$total" "${VOCAB_LIMIT:-8192}" > "$config"
