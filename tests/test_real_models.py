@@ -28,13 +28,13 @@ def real_prompts(n: int) -> list[str]:
     return list(by_cat.values())[:n]
 
 
-def check_lossless(name: str, n_prompts: int) -> None:
+def check_lossless(name: str, prompts: list[str]) -> None:
     from hf_spec.models import load_model
 
     torch.set_num_threads(2)
     model, tok = load_model(name)
     near_ties = 0
-    for text in real_prompts(n_prompts):
+    for text in prompts:
         ids = encode_chat(tok, [{"role": "user", "content": text}])
         ref = model.generate(ids, max_new_tokens=64, do_sample=False)[0, ids.shape[1] :].tolist()
         for spec in SPECS:
@@ -55,15 +55,23 @@ def check_lossless(name: str, n_prompts: int) -> None:
     print(f"{name}: {near_ties} near-tie divergences")
 
 
+# one prompt per Spec-Bench category, six categories; CI checks the first two (each prompt costs about 45 s)
+CATEGORIES = 6
+IN_CI = 2
+
+
 @pytest.mark.slow
-@pytest.mark.ci_slow
-def test_smollm2_every_method_lossless():
-    check_lossless("smollm2-135m-instruct", n_prompts=6)
+@pytest.mark.parametrize(
+    "category",
+    [pytest.param(i, marks=[pytest.mark.ci_slow] if i < IN_CI else []) for i in range(CATEGORIES)],
+)
+def test_smollm2_every_method_lossless(category):
+    check_lossless("smollm2-135m-instruct", real_prompts(CATEGORIES)[category : category + 1])
 
 
 @pytest.mark.slow
 def test_qwen_every_method_lossless():
-    check_lossless("qwen2.5-coder-0.5b-instruct", n_prompts=6)
+    check_lossless("qwen2.5-coder-0.5b-instruct", real_prompts(CATEGORIES))
 
 
 @pytest.mark.slow
