@@ -134,6 +134,7 @@ def test_cli_trains_and_saves_a_loadable_eagle3_folder(stories, tmp_path, keep_t
     # training on from the saved head keeps its draft vocabulary and starts from its weights
     again = ["train", "eagle3", "--target", str(STORIES), "--features", str(store.folder), "--sources", "toy"]
     again += ["--epochs", "1", "--heldout", "2", "--threads", "1", "--lr", "1e-12", "--save-dtype", "float32"]
+    again += ["--checkpoint-dir", str(tmp_path / "run-on")]  # not the user's cache
     assert main([*again, "--init-from", str(out), "--out", str(tmp_path / "on")]) == 0
     tuned = load_eagle3_head(str(tmp_path / "on"), model)
     assert torch.equal(tuned.draft_token_ids(), head.draft_token_ids())
