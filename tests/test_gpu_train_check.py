@@ -1,0 +1,66 @@
+"""`benchmarks/gpu_train_check.py` keeps working without a GPU: on the CPU with stories260K's shape and tokenizer it
+captures a store, trains both heads from it, benches them losslessly against plain decoding and profiles each step."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import STORIES
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("keep_threads")
+
+
+def load_check():
+    spec = importlib.util.spec_from_file_location(
+        "gpu_train_check", ROOT / "benchmarks" / "gpu_train_check.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def small_corpus(path: Path, docs: int = 60) -> Path:
+    rng = random.Random(0)
+    words = "once upon a time there was a little girl named lily she liked to play with her red ball".split()
+    with path.open("w") as f:
+        for i in range(docs):
+            source = "answers" if i % 2 == 0 else "sharegpt"
+            messages = [
+                ["user", " ".join(rng.choices(words, k=8))],
+                ["assistant", " ".join(rng.choices(words, k=60))],
+            ]
+            f.write(json.dumps({"id": f"{source}/{i}", "source": source, "messages": messages}) + "\n")
+    return path
+
+
+def test_capture_train_and_lossless_bench_on_the_cpu(tmp_path):
+    check = load_check()
+    out = tmp_path / "out"
+    argv = ["--out", str(out), "--work", str(tmp_path / "work"), "--target", str(STORIES), "--corpus",
+            str(small_corpus(tmp_path / "corpus.jsonl")), "--limit-tokens", "3000", "--aux-layers", "1,2,3",
+            "--heldout", "2", "--new-tokens", "12", "--bench-prompts", "2", "--batch-tokens", "512",
+            "--device", "cpu", "--profile"]  # fmt: skip
+    assert check.main(argv) == 0
+    (result,) = json.loads((out / "gpu_train_check.json").read_text())["results"]
+    assert result["shape"]["layers"] == 5
+    assert result["capture"]["rc"] == 0 and result["capture"]["tokens"] >= 3000
+    assert result["capture"]["tokens_per_second"] > 0  # the capture's own log line was read
+    for head in ("eagle3", "hass"):
+        assert result[head]["rc"] == 0, head
+        assert result[head]["tokens_per_second"] > 0 and result[head]["tokens_seen"] > 0
+        assert len(result[head]["heldout_by_depth"]) >= 3
+    methods = result["bench"]["methods"]
+    assert set(methods) == {"ar", "eagle3", "hass"}
+    assert methods["eagle3"]["lossless_mismatches"] == methods["hass"]["lossless_mismatches"] == 0  # float32
+    table = (out / "gpu_train_check.md").read_text()
+    assert "| stories260K" in table and "eagle3: 0" in table and "hass: 0" in table
+    profile = (out / "profile.txt").read_text()  # --profile: each step's costliest functions
+    for step in ("capture", "train eagle3", "train hass", "bench"):
+        assert f"## stories260K: {step} (" in profile, step
+    assert profile.count("Ordered by: internal time") == 4
