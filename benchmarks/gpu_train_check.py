@@ -9,7 +9,8 @@ device, so no checkpoint travels; what capture and training cost depends on the 
 target, in a work folder (default: a temporary one), it times
 
 1. `hf-spec data features --corpus FILE --aux-layers eagle3 --dtype bfloat16` (prefill only) over the corpus' first
-   `--limit-tokens` tokens;
+   `--limit-tokens` tokens, once for each `--docs-per-forward` value (documents in one forward), each into its own
+   store;
 2. `hf-spec train eagle3` (3 training-time-test steps, top-10 distillation, a 16,384-token draft vocabulary: the
    committed heads' recipe) and `hf-spec train eagle --align-steps 3 --topk 10` (HASS) on that store, one epoch;
 3. `hf-spec bench --check-lossless` of plain decoding and both trained heads, in float32 (every token must equal plain
@@ -140,12 +141,20 @@ def check_target(folder: Path, args, work: Path) -> dict:
         common = ["--target", str(target), "--device", args.device]
         return run_step(name, [*argv, *common], work / log, args.step_seconds, args.profile_file)
 
-    capture = step("capture", ["data", "features", "--corpus", str(args.corpus), "--features-dir", str(store),
-                               "--aux-layers", args.aux_layers, "--dtype", "bfloat16", "--limit-tokens",
-                               str(args.limit_tokens), "--min-free-gb", "1", "--log", str(progress)],
-                   "capture.log")  # fmt: skip
-    tokens = FeatureStore.open(store).num_tokens  # what was captured, also when the time limit cut it short
-    result["capture"] = capture | {"tokens": tokens, "tokens_per_second": logged_rate(progress)}
+    for n, batch in enumerate(args.docs_per_forward):  # the first store is the one the heads train on
+        folder, log = (
+            (store, progress) if n == 0 else (work / f"store-{batch}", work / f"capture-{batch}.log")
+        )
+        capture = step(f"capture, {batch} a forward", ["data", "features", "--corpus", str(args.corpus),
+                       "--features-dir", str(folder), "--aux-layers", args.aux_layers, "--dtype", "bfloat16",
+                       "--limit-tokens", str(args.limit_tokens), "--min-free-gb", "1", "--log", str(log),
+                       "--docs-per-forward", str(batch)], f"capture-{batch}.out")  # fmt: skip
+        tokens = FeatureStore.open(
+            folder
+        ).num_tokens  # what was captured, also when the time limit cut it short
+        capture |= {"docs_per_forward": batch, "tokens": tokens, "tokens_per_second": logged_rate(log)}
+        result.setdefault("captures", []).append(capture)
+    result["capture"] = result["captures"][0]
     heads = []
     for name, (trainer, extra) in HEADS.items():
         out = work / name
@@ -178,15 +187,19 @@ def trained(step: dict) -> str:
 def markdown(results: list[dict], machine: dict) -> str:
     lines = [f"# GPU training check: {machine['device']}", "", f"{machine['versions']}; {machine['date']}", "",
              "Random-weight targets of the real shapes (what capture and training cost, not what the heads learn).",
-             "", "| target | capture tok/s (tokens) | EAGLE-3 trained tok/s (s) | HASS trained tok/s (s) | lossless "
+             "", "| target | capture tok/s (tokens; other documents a forward) | EAGLE-3 trained tok/s (s) | "
+             "HASS trained tok/s (s) | lossless "
              "(float32): mismatches, tau |", "|---|---|---|---|---|"]  # fmt: skip
     for r in results:
         bench = r.get("bench", {}).get("methods", {})
         lossless = "; ".join(f"{m}: {b['lossless_mismatches']}, tau {b['tau']:.2f}" for m, b in bench.items()
                              if m != "ar") or f"bench rc {r.get('bench', {}).get('rc')}"  # fmt: skip
         cap = r["capture"]
+        others = "".join(
+            f"; {c['docs_per_forward']} a forward: {c['tokens_per_second']}" for c in r["captures"][1:]
+        )
         lines.append(f"| {r['target']} ({r['shape']['parameters'] / 1e6:.0f}M) | {cap['tokens_per_second']} "
-                     f"({cap['tokens']}) | {trained(r.get('eagle3', {}))} | {trained(r.get('hass', {}))} | "
+                     f"({cap['tokens']}{others}) | {trained(r.get('eagle3', {}))} | {trained(r.get('hass', {}))} | "
                      f"{lossless} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
@@ -210,6 +223,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit-tokens", type=int, default=400_000)
     parser.add_argument(
         "--aux-layers", default="eagle3", help="the layers EAGLE-3 reads (data features' option)"
+    )
+    parser.add_argument(
+        "--docs-per-forward",
+        type=lambda v: [int(n) for n in v.split(",")],
+        default=[1],
+        help="comma list: capture once per value (documents in one forward); the heads train on the first store",
     )
     parser.add_argument("--batch-tokens", type=int, default=4096)
     parser.add_argument("--heldout", type=int, default=16)

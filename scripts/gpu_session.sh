@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU loan's checks, each writing under OUT (default runs/gpu-session) as it finishes: the machine; with
 # TRAIN_CORPUS (a corpus JSONL) and TRAIN_TARGETS (config + tokenizer folders, space-separated), the training check
-# (benchmarks/gpu_train_check.py: capture, EAGLE-3 and HASS training timed, the heads lossless on the GPU); the CUDA
+# (benchmarks/gpu_train_check.py: capture with DOCS_PER_FORWARD documents a forward, default 1 then 8, EAGLE-3 and HASS
+# training timed, the heads lossless on the GPU); the CUDA
 # tests (tests/test_cuda.py: every method lossless on CUDA with both backends, sampling chi-square); then
 # benchmarks/gpu_check.py (1B- then 8B-shaped random-weight targets; CHECK_S=0 skips it). On an H200 the tests took
 # 97 s and the 1B shape 152 s; each step has its own time limit so a slow one cannot starve the next.
@@ -24,7 +25,7 @@ if [ -n "${TRAIN_CORPUS:-}" ]; then
     for t in ${TRAIN_TARGETS:?TRAIN_TARGETS: the target folders to train for}; do targets+=(--target "$t"); done
     timeout "${TRAIN_S:-360}" python benchmarks/gpu_train_check.py --out "$OUT/train-check" "${targets[@]}" \
         --corpus "$TRAIN_CORPUS" --limit-tokens "${TRAIN_TOKENS:-400000}" --step-seconds "${STEP_S:-150}" \
-        > "$OUT/train_check.log" 2>&1
+        --docs-per-forward "${DOCS_PER_FORWARD:-1,8}" > "$OUT/train_check.log" 2>&1
     echo "train check: rc $?"; tail -n 25 "$OUT/train_check.log"
 fi
 timeout "${TEST_S:-240}" python -m pytest -v -p no:cacheprovider -m gpu tests/test_cuda.py --durations=15 \

@@ -45,12 +45,15 @@ def test_capture_train_and_lossless_bench_on_the_cpu(tmp_path):
     argv = ["--out", str(out), "--work", str(tmp_path / "work"), "--target", str(STORIES), "--corpus",
             str(small_corpus(tmp_path / "corpus.jsonl")), "--limit-tokens", "3000", "--aux-layers", "1,2,3",
             "--heldout", "2", "--new-tokens", "12", "--bench-prompts", "2", "--batch-tokens", "512",
-            "--device", "cpu", "--profile"]  # fmt: skip
+            "--device", "cpu", "--profile", "--docs-per-forward", "1,4"]  # fmt: skip
     assert check.main(argv) == 0
     (result,) = json.loads((out / "gpu_train_check.json").read_text())["results"]
     assert result["shape"]["layers"] == 5
     assert result["capture"]["rc"] == 0 and result["capture"]["tokens"] >= 3000
     assert result["capture"]["tokens_per_second"] > 0  # the capture's own log line was read
+    one, four = result["captures"]  # --docs-per-forward 1,4: the same tokens, in stores of their own
+    assert (one["docs_per_forward"], four["docs_per_forward"]) == (1, 4) and four["tokens"] == one["tokens"]
+    assert four["rc"] == 0 and four["tokens_per_second"] > 0
     for head in ("eagle3", "hass"):
         assert result[head]["rc"] == 0, head
         assert result[head]["tokens_per_second"] > 0 and result[head]["tokens_seen"] > 0
@@ -59,8 +62,13 @@ def test_capture_train_and_lossless_bench_on_the_cpu(tmp_path):
     assert set(methods) == {"ar", "eagle3", "hass"}
     assert methods["eagle3"]["lossless_mismatches"] == methods["hass"]["lossless_mismatches"] == 0  # float32
     table = (out / "gpu_train_check.md").read_text()
-    assert "| stories260K" in table and "eagle3: 0" in table and "hass: 0" in table
+    assert (
+        "| stories260K" in table
+        and "; 4 a forward: " in table
+        and "eagle3: 0" in table
+        and "hass: 0" in table
+    )
     profile = (out / "profile.txt").read_text()  # --profile: each step's costliest functions
-    for step in ("capture", "train eagle3", "train hass", "bench"):
+    for step in ("capture, 1 a forward", "capture, 4 a forward", "train eagle3", "train hass", "bench"):
         assert f"## stories260K: {step} (" in profile, step
-    assert profile.count("Ordered by: internal time") == 4
+    assert profile.count("Ordered by: internal time") == 5

@@ -113,9 +113,11 @@ def test_interrupted_capture_resumes_and_skips_finished_shards(stories, tmp_path
     assert len(FeatureStore.open(folder).load_sequences()) == len(first.done)
 
     forwards = []
-    real = features_module.sequence_features
+    real = features_module.batch_features
     monkeypatch.setattr(
-        features_module, "sequence_features", lambda *a, **k: forwards.append(1) or real(*a, **k)
+        features_module,
+        "batch_features",
+        lambda model, parts, batch, *a: forwards.extend(batch) or real(model, parts, batch, *a),
     )
     resumed = capture_corpus(model, tok, docs, folder, topk=4, shard_tokens=40, progress=False)
     assert len(forwards) == len(docs) - len(first.done)  # finished documents are not run again
@@ -185,6 +187,41 @@ def test_cli_captures_a_corpus_and_refuses_prompts_with_it(stories, tmp_path, ke
         main([*args, "--prompts", str(corpus)])
     with pytest.raises(ValueError, match="--aux-layers"):
         main([*args, "--features-dir", str(tmp_path / "x"), "--aux-layers", "low,high"])
+
+
+def test_documents_batched_in_one_forward_store_what_one_at_a_time_stores(stories, tmp_path, keep_threads):
+    docs = stories_docs(7)  # of different lengths: the batches of 3 are right-padded
+    corpus = tmp_path / "toy.jsonl"
+    corpus.write_text("".join(d.to_json() + "\n" for d in docs))
+    args = ["data", "features", "--target", str(STORIES), "--corpus", str(corpus), "--threads", "1", "--topk", "4",
+            "--aux-layers", "1,3"]  # fmt: skip
+    assert main([*args, "--features-dir", str(tmp_path / "one")]) == 0
+    assert main([*args, "--features-dir", str(tmp_path / "three"), "--docs-per-forward", "3"]) == 0
+    one, three = FeatureStore.open(tmp_path / "one"), FeatureStore.open(tmp_path / "three")
+    assert three.done == one.done == [d.id for d in docs] and three.num_tokens == one.num_tokens
+    keys = ("input_ids", "response_mask", "features", "aux_features", "topk_ids", "topk_logp")
+    for a, b in zip(one.load_sequences(keys=keys), three.load_sequences(keys=keys), strict=True):
+        for key in ("input_ids", "response_mask", "topk_ids"):
+            assert torch.equal(a[key], b[key]), key
+        for key in (
+            "features",
+            "aux_features",
+            "topk_logp",
+        ):  # float32 forwards of other shapes, stored in 16 bits
+            assert torch.allclose(a[key].float(), b[key].float(), atol=1e-2, rtol=1e-2), key
+    with pytest.raises(ValueError, match="--docs-per-forward batches the documents of --corpus"):
+        main(
+            [
+                "data",
+                "features",
+                "--target",
+                str(STORIES),
+                "--prompts",
+                str(corpus),
+                "--docs-per-forward",
+                "2",
+            ]
+        )
 
 
 def test_a_second_corpus_joins_a_store_and_its_progress_counts_its_own_tokens(stories, tmp_path):

@@ -92,6 +92,13 @@ def add_corpus_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--shard-tokens", type=positive_int, default=65536, help="tokens per shard (checkpoint)"
     )
+    group.add_argument(
+        "--docs-per-forward",
+        type=positive_int,
+        default=1,
+        help="documents in one prefill forward, right-padded to the longest: more work per forward for a GPU; on "
+        "a CPU the padding costs what real tokens cost",
+    )
     group.add_argument("--log", help="append a progress line per shard to this file")
     group.add_argument(
         "--min-free-gb", type=positive_float, default=10.0, help="stop (resumably) under this much free disk"
@@ -149,6 +156,10 @@ def run_features(args: argparse.Namespace) -> int:
 
     if args.corpus:
         return run_corpus_features(args)
+    if args.docs_per_forward != 1:
+        raise ValueError(
+            "--docs-per-forward batches the documents of --corpus; the answers' capture takes one a forward"
+        )
     if not args.prompts:
         raise ValueError("give --prompts (the target's answers to training prompts) or --corpus (fixed text)")
     from hf_spec.training.corpus_features import eagle3_layers
@@ -201,6 +212,7 @@ def run_corpus_features(args: argparse.Namespace) -> int:
         shard_tokens=args.shard_tokens,
         log_file=args.log,
         min_free_gb=args.min_free_gb,
+        batch_size=args.docs_per_forward,
     )
     print(f"features: {store.num_tokens} tokens in {len(store.shards)} shards at {store.folder}")
     return 0

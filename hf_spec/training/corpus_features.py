@@ -189,9 +189,10 @@ def capture_corpus(
     min_free_gb: float = 10.0,
     progress: bool = False,
     on_shard: Callable[[FeatureStore], None] | None = None,
+    batch_size: int = 1,
 ) -> FeatureStore:
     """Capture the prefill features of `documents` (the first `limit_tokens` tokens' worth, if given) into the
-    store at `folder`, skipping what it already holds."""
+    store at `folder`, skipping what it already holds; `batch_size` documents a forward, right-padded."""
     eos = model.generation_config.eos_token_id
     eos_ids = [eos] if isinstance(eos, int) else list(eos or [tokenizer.eos_token_id])
     sequences = limited(corpus_sequences(documents, tokenizer, max_len, eos_ids), limit_tokens)
@@ -214,6 +215,7 @@ def capture_corpus(
             progress=progress,
             total=len(sequences),
             on_shard=after_shard,
+            batch_size=batch_size,
         )
 
 

@@ -189,30 +189,38 @@ def open_store(model, folder: Path, topk: int | None, aux_layers: tuple[int, ...
 
 
 @torch.no_grad()
-def sequence_features(
-    model, parts, ids: list[int], mask: list[int], topk: int, aux_layers=(), logits_chunk: int = 256
-) -> dict[str, torch.Tensor]:
-    """One teacher-forced forward over `ids`: the tensors a shard stores for it (see the module docstring)."""
-    x = torch.tensor([ids])
+def batch_features(
+    model, parts, batch: list[tuple[list[int], list[int]]], topk: int, aux_layers=(), logits_chunk: int = 256
+) -> list[dict[str, torch.Tensor]]:
+    """The tensors a shard stores for each `(ids, mask)` of `batch` (see the module docstring), from one
+    teacher-forced forward over them right-padded: with causal attention a position sees only those before it, so
+    the padding after a sequence changes none of its states."""
+    lengths = [len(ids) for ids, _ in batch]
+    x = torch.zeros(len(batch), max(lengths), dtype=torch.long)  # [B, T]; the padding's id is never read
+    for row, (ids, _) in enumerate(batch):
+        x[row, : len(ids)] = torch.tensor(ids)
+    real = torch.arange(x.shape[1])[None] < torch.tensor(lengths)[:, None]  # [B, T] the sequences' positions
     out = model.model(input_ids=x.to(model.device), output_hidden_states=bool(aux_layers))
-    hidden = out.last_hidden_state[0]  # [seq_len, H], post-norm
+    on_device = real.to(model.device)
+    hidden = out.last_hidden_state[on_device]  # [sum(lengths), H], post-norm, sequence after sequence
     ids_k, logp_k = [], []
     for start in range(0, hidden.shape[0], logits_chunk):
         logp = torch.log_softmax(parts.lm_head(hidden[start : start + logits_chunk]).float(), dim=-1)
         top = torch.topk(logp, topk, dim=-1)
         ids_k.append(top.indices.to("cpu", torch.int32))
         logp_k.append(top.values.to("cpu", torch.float16))
-    tensors = {
-        "input_ids": x[0].to(torch.int32),
+    per_position = {
+        "input_ids": x[real].to(torch.int32),
         "features": unit_features(hidden, parts.norm).to("cpu", torch.bfloat16),
         "topk_ids": torch.cat(ids_k),
         "topk_logp": torch.cat(logp_k),
-        "response_mask": torch.tensor(mask, dtype=torch.uint8),
+        "response_mask": torch.tensor([m for _, mask in batch for m in mask], dtype=torch.uint8),
     }
-    if aux_layers:  # [seq_len, len(aux_layers) * H]
-        aux = [out.hidden_states[i][0] for i in aux_layers]
-        tensors["aux_features"] = torch.cat(aux, dim=-1).to("cpu", torch.bfloat16)
-    return tensors
+    if aux_layers:  # [sum(lengths), len(aux_layers) * H]
+        aux = [out.hidden_states[i][on_device] for i in aux_layers]
+        per_position["aux_features"] = torch.cat(aux, dim=-1).to("cpu", torch.bfloat16)
+    split = {key: value.split(lengths) for key, value in per_position.items()}
+    return [{key: parts_[row] for key, parts_ in split.items()} for row in range(len(batch))]
 
 
 @torch.no_grad()
@@ -228,23 +236,21 @@ def capture_sequences(
     progress: bool = True,
     total: int | None = None,
     on_shard: Callable[[FeatureStore], None] | None = None,
+    batch_size: int = 1,
 ) -> FeatureStore:
     """Capture `(id, input_ids, mask)` items not captured yet (or captured at another length) into the store at
-    `folder`, a shard every `shard_tokens` tokens; `on_shard(store)` after each shard is written."""
+    `folder`, `batch_size` of them a forward, a shard every `shard_tokens` tokens; `on_shard(store)` after each
+    shard is written."""
     store = open_store(model, Path(folder), topk, tuple(aux_layers))
     parts = decoder_parts(model)
     captured = store.captured()
     pending: list[tuple[str, dict[str, torch.Tensor]]] = []
     bar = tqdm(total=total, desc="target features", unit="seq", disable=not progress)
-    for seq_id, ids, mask in items:
-        if captured.get(seq_id) == len(ids):
-            continue
-        if len(mask) != len(ids):
-            raise ValueError(f"{seq_id}: mask of {len(mask)} tokens for {len(ids)} input ids")
-        pending.append(
-            (seq_id, sequence_features(model, parts, ids, mask, store.topk, aux_layers, logits_chunk))
-        )
-        bar.update(1)
+    for group in _groups(items, captured, batch_size):
+        found = batch_features(model, parts, [(ids, mask) for _, ids, mask in group], store.topk, aux_layers,
+                               logits_chunk)  # fmt: skip
+        pending += [(seq_id, tensors) for (seq_id, _, _), tensors in zip(group, found, strict=True)]
+        bar.update(len(group))
         if sum(len(p[1]["input_ids"]) for p in pending) >= shard_tokens:
             _write_shard(store, pending)
             pending = []
@@ -256,6 +262,22 @@ def capture_sequences(
             on_shard(store)
     bar.close()
     return store
+
+
+def _groups(items, captured: dict[str, int], size: int):
+    """The items not captured yet (or captured at another length), `size` at a time, each checked."""
+    group = []
+    for seq_id, ids, mask in items:
+        if captured.get(seq_id) == len(ids):
+            continue
+        if len(mask) != len(ids):
+            raise ValueError(f"{seq_id}: mask of {len(mask)} tokens for {len(ids)} input ids")
+        group.append((seq_id, ids, mask))
+        if len(group) == size:
+            yield group
+            group = []
+    if group:
+        yield group
 
 
 def _read_shard(path: Path, keys: tuple[str, ...] | None) -> dict[str, torch.Tensor]:
