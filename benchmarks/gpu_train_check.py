@@ -160,7 +160,8 @@ def check_target(folder: Path, args, work: Path) -> dict:
         out = work / name
         result[name] = step(f"train {name}", ["train", trainer, "--features", str(store), "--epochs", "1",
                                               "--batch-tokens", str(args.batch_tokens), "--heldout",
-                                              str(args.heldout), "--out", str(out), *extra], f"{name}.log")  # fmt: skip
+                                              str(args.heldout), "--out", str(out), "--checkpoint-dir",
+                                              str(work / f"{name}-run"), *extra], f"{name}.log")  # fmt: skip
         if (out / "training_report.json").exists():
             report = json.loads((out / "training_report.json").read_text())
             result[name] |= {key: report.get(key) for key in REPORTED}

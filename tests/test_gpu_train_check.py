@@ -39,7 +39,8 @@ def small_corpus(path: Path, docs: int = 60) -> Path:
     return path
 
 
-def test_capture_train_and_lossless_bench_on_the_cpu(tmp_path):
+def test_capture_train_and_lossless_bench_on_the_cpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_SPEC_CACHE", str(tmp_path / "cache"))  # the steps' subprocesses inherit it
     check = load_check()
     out = tmp_path / "out"
     argv = ["--out", str(out), "--work", str(tmp_path / "work"), "--target", str(STORIES), "--corpus",
@@ -47,6 +48,7 @@ def test_capture_train_and_lossless_bench_on_the_cpu(tmp_path):
             "--heldout", "2", "--new-tokens", "12", "--bench-prompts", "2", "--batch-tokens", "512",
             "--device", "cpu", "--profile", "--docs-per-forward", "1,4"]  # fmt: skip
     assert check.main(argv) == 0
+    assert not (tmp_path / "cache" / "runs").exists()  # training checkpoints stay in the work folder
     (result,) = json.loads((out / "gpu_train_check.json").read_text())["results"]
     assert result["shape"]["layers"] == 5
     assert result["capture"]["rc"] == 0 and result["capture"]["tokens"] >= 3000
