@@ -1,5 +1,6 @@
 """`benchmarks/gpu_train_check.py` keeps working without a GPU: on the CPU with stories260K's shape and tokenizer it
-captures a store, trains both heads from it, benches them losslessly against plain decoding and profiles each step."""
+captures a store, trains both heads from it and benches them losslessly against plain decoding; `--profile` adds each
+step's costliest functions to one file."""
 
 from __future__ import annotations
 
@@ -44,14 +45,14 @@ def test_capture_train_and_lossless_bench_on_the_cpu(tmp_path, monkeypatch):
     check = load_check()
     out = tmp_path / "out"
     argv = ["--out", str(out), "--work", str(tmp_path / "work"), "--target", str(STORIES), "--corpus",
-            str(small_corpus(tmp_path / "corpus.jsonl")), "--limit-tokens", "3000", "--aux-layers", "1,2,3",
-            "--heldout", "2", "--new-tokens", "12", "--bench-prompts", "2", "--batch-tokens", "512",
-            "--device", "cpu", "--profile", "--docs-per-forward", "1,4"]  # fmt: skip
+            str(small_corpus(tmp_path / "corpus.jsonl")), "--limit-tokens", "2000", "--aux-layers", "1,2,3",
+            "--heldout", "2", "--new-tokens", "8", "--bench-prompts", "1", "--batch-tokens", "512",
+            "--device", "cpu", "--docs-per-forward", "1,4"]  # fmt: skip
     assert check.main(argv) == 0
     assert not (tmp_path / "cache" / "runs").exists()  # training checkpoints stay in the work folder
     (result,) = json.loads((out / "gpu_train_check.json").read_text())["results"]
     assert result["shape"]["layers"] == 5
-    assert result["capture"]["rc"] == 0 and result["capture"]["tokens"] >= 3000
+    assert result["capture"]["rc"] == 0 and result["capture"]["tokens"] >= 2000
     assert result["capture"]["tokens_per_second"] > 0  # the capture's own log line was read
     one, four = result["captures"]  # --docs-per-forward 1,4: the same tokens, in stores of their own
     assert (one["docs_per_forward"], four["docs_per_forward"]) == (1, 4) and four["tokens"] == one["tokens"]
@@ -70,7 +71,13 @@ def test_capture_train_and_lossless_bench_on_the_cpu(tmp_path, monkeypatch):
         and "eagle3: 0" in table
         and "hass: 0" in table
     )
-    profile = (out / "profile.txt").read_text()  # --profile: each step's costliest functions
-    for step in ("capture, 1 a forward", "capture, 4 a forward", "train eagle3", "train hass", "bench"):
-        assert f"## stories260K: {step} (" in profile, step
-    assert profile.count("Ordered by: internal time") == 5
+
+
+def test_profile_appends_a_steps_costliest_functions(tmp_path):
+    profile = tmp_path / "profile.txt"
+    profile.write_text("# earlier steps\n")
+    step = load_check().run_step("help", ["--help"], tmp_path / "help.log", 120, profile)
+    assert step["rc"] == 0 and not step["timed_out"]
+    text = profile.read_text()
+    assert text.startswith("# earlier steps\n") and f"## {tmp_path.name}: help (" in text
+    assert "Ordered by: internal time" in text
