@@ -114,6 +114,12 @@ ENVIRONMENT_VARIABLES: dict[str, EnvVar] = {
         "auto",
         "1 / 0: bfloat16 linears of 1-20 rows do / do not use the AVX512-BF16 kernel (auto: timed per row count).",
     ),
+    "HF_SPEC_KEEP_FREED_MEMORY": EnvVar(
+        _flag(True),
+        "1",
+        "0: head training on the CPU lets glibc return freed memory to the kernel (else each step reuses the pages "
+        "the last one freed, instead of faulting its large tensors in again).",
+    ),
     "HF_SPEC_GROUPED_ATTENTION": EnvVar(
         _flag(True),
         "1",

@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from hf_spec.heads.eagle.losses import soft_cross_entropy, topk_loss
 from hf_spec.training.batches import collate, draft_vocabulary, training_schedule, vocabulary_coverage
 from hf_spec.training.distributed import current_processes, global_values, share_of_positions
+from hf_spec.training.host_memory import keep_freed_memory
 from hf_spec.training.loop import Checkpoint, warmup_linear_decay
 
 # step_fn(head, batch, cfg, t2d) -> (loss, accuracy per draft depth, loss parts)
@@ -267,10 +268,9 @@ def train_head(
     processes = current_processes()
     torch.manual_seed(cfg.seed)
     out = Path(out)
-    if heldout is None:
-        train_set, heldout = split_heldout(sequences, cfg.heldout, groups)
-    else:
-        train_set = sequences
+    train_set, heldout = (
+        split_heldout(sequences, cfg.heldout, groups) if heldout is None else (sequences, heldout)
+    )
     if cfg.heldout and not heldout:
         warnings.warn(
             f"--heldout {cfg.heldout} needs at least {2 * cfg.heldout} prompts, the data has fewer: "
@@ -291,7 +291,8 @@ def train_head(
         if cfg.init_from_last_layer:
             head.init_layer_from(target, -1)
     head.attach_target(target)  # the head trains where the target is
-    device = head.d2t.device
+    if (device := head.d2t.device).type == "cpu":
+        keep_freed_memory()  # each step's large tensors reuse the last step's pages (training/host_memory.py)
     t2d = torch.full((vocab_size,), -1, dtype=torch.long, device=device)
     t2d[head.d2t] = torch.arange(len(head.d2t), device=device)
     coverage = vocabulary_coverage(heldout or train_set, head.d2t, vocab_size)  # held-out when there is one
