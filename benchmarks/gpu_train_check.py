@@ -44,20 +44,9 @@ HEADS = {  # name -> (trainer, its arguments): the recipe of scripts/train_heads
 }
 
 
-REPORTED = (
-    "tokens_per_second",
-    "wall_seconds",
-    "steps",
-    "tokens_seen",
-    "train_tokens",
-)  # of training_report.json
-BENCHED = (
-    "speedup_vs_ar",
-    "tau",
-    "tokens_per_s",
-    "lossless_mismatches",
-    "near_tie_mismatches",
-)  # of results.json
+# what the check keeps of each head's training_report.json and of the bench's results.json summary
+REPORTED = ("tokens_per_second", "wall_seconds", "steps", "tokens_seen", "train_tokens")
+BENCHED = ("speedup_vs_ar", "tau", "tokens_per_s", "lossless_mismatches", "near_tie_mismatches")
 
 
 def random_target(config_folder: Path, out: Path, device: str) -> dict:
@@ -110,15 +99,13 @@ def run_step(name: str, argv: list[str], log: Path, seconds: float, profile: Pat
 
 def bench_prompts(corpus: Path, count: int, out: Path) -> Path:
     """Spec-Bench rows from the first user turns of the corpus' last `count` documents (past the captured ones)."""
-    rows = []
-    for line in reversed(corpus.read_text().splitlines()):
-        turns = (
-            [text for role, text in json.loads(line)["messages"] if role == "user"] if line.strip() else []
-        )
-        if turns and turns[0].strip():
-            rows.append({"question_id": len(rows) + 1, "category": "corpus", "turns": [turns[0][:2000]]})
-        if len(rows) == count:
-            break
+    from hf_spec.training.corpus import load_corpus
+
+    firsts = [
+        next((text for role, text in doc.messages if role == "user"), "") for doc in load_corpus(corpus)
+    ]
+    turns = [text[:2000] for text in reversed(firsts) if text.strip()][:count]
+    rows = [{"question_id": i + 1, "category": "corpus", "turns": [text]} for i, text in enumerate(turns)]
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return out
 

@@ -220,7 +220,7 @@ def batch_features(
         aux = [out.hidden_states[i][on_device] for i in aux_layers]
         per_position["aux_features"] = torch.cat(aux, dim=-1).to("cpu", torch.bfloat16)
     split = {key: value.split(lengths) for key, value in per_position.items()}
-    return [{key: parts_[row] for key, parts_ in split.items()} for row in range(len(batch))]
+    return [{key: pieces[row] for key, pieces in split.items()} for row in range(len(batch))]
 
 
 @torch.no_grad()
