@@ -493,8 +493,9 @@ def test_init_from_last_layer_reaches_the_training_config():
         assert common_train_config(args)["init_from_last_layer"] is True
 
 
-def test_exit_heads_record_the_command_as_given(tmp_path, keep_threads):
-    """The exit heads' card and config carry the command line as it was typed, every flag included."""
+def test_exit_heads_record_the_command_and_time_as_given(tmp_path, keep_threads):
+    """The exit heads' card and config carry the command line as it was typed, every flag included; the card also
+    gives the training time."""
     data = tmp_path / "responses.jsonl"
     story = "Once upon a time there was a little girl named Lily. She liked to play outside."
     data.write_text(
@@ -507,4 +508,8 @@ def test_exit_heads_record_the_command_as_given(tmp_path, keep_threads):
     assert main(argv) == 0
     command = "hf-spec " + " ".join(argv)
     assert json.loads((out / "config.json").read_text())["training"]["command"] == command
-    assert command in (out / "README.md").read_text()
+    card = (out / "README.md").read_text()
+    assert command in card
+    # the fit's wall time and throughput: 2 steps of 8 positions
+    (line,) = [x for x in card.splitlines() if x.startswith("- Training time: ")]
+    assert " fitting with 1 thread on " in line and line.endswith(" trained positions/s.")

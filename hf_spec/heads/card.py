@@ -188,6 +188,7 @@ def exit_heads_card(
         f"batch's candidate tokens + {t.get('negatives')} random negatives.",
         f"- {t.get('steps')} steps, batches of {t.get('batch_size')} positions, AdamW lr {t.get('lr')} (cosine), "
         f"seed {t.get('seed')}; loss {_round(t.get('first_loss'))} -> {_round(t.get('last_loss'))}.",
+        *_exit_heads_time_line(t),
     ]
     if config.get("draft_vocab_size") and t.get("draft_vocab_coverage") is not None:
         lines.append(
@@ -209,6 +210,26 @@ def exit_heads_card(
         lines.append("")
     lines += ["## Results", "", *results_table(measured), ""]
     return "\n".join(lines)
+
+
+def _exit_heads_time_line(training: dict[str, Any]) -> list[str]:
+    """Wall time of the target's feature extraction and of the fit, and the fit's trained positions a second."""
+    fit, extract = training.get("train_seconds"), training.get("extract_seconds") or 0
+    if not fit:
+        return []
+    threads = training.get("threads")
+    on = f" with {threads} thread{'s' * (threads != 1)}" if threads else ""
+    machine = f" on {training['machine']}" if training.get("machine") else ""
+    per_step = training.get("global_batch_positions") or training.get("batch_size") or 0
+    positions = (training.get("steps") or 0) * per_step
+    speed = f", {positions / fit:,.0f} trained positions/s" if positions else ""
+    # extraction below a second: the features came from an earlier run's cache in the work folder
+    first = f"{_duration(extract)} extracting the target's features, then " if extract >= 1 else ""
+    return [f"- Training time: {first}{_duration(fit)} fitting{on}{machine}{speed}."]
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
 def _round(value: Any) -> Any:
