@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
         f"mean accepted tokens per target forward (tau) = {stats.tau:.2f}"
     )
     if not args.no_compare:
+        model.generate(input_ids, max_new_tokens=4, do_sample=False)  # warm-up, as the speculative run had
         start = time.perf_counter()
         ref = model.generate(input_ids, **kwargs)
         ar_s = time.perf_counter() - start
