@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -61,6 +62,20 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def apt_download_error(name: str, version: str, path: Path) -> str:
+    """Why `apt-get download name=version` failed, from the versions the package lists name."""
+    listed = subprocess.run(["apt-cache", "madison", name], capture_output=True, text=True).stdout
+    served = [row.split("|")[1].strip() for row in listed.splitlines() if row.count("|") >= 2]
+    if version in served:
+        return f"apt-get could not download {name}={version} (its message is above)"
+    return (
+        f"{name}={version} is not in this machine's package lists (they name {', '.join(served) or 'no version'}): "
+        "run `apt-get update` and try again. If it is still missing, Debian no longer serves it (its security "
+        f"archive keeps only the newest version): its .deb from another mirror, put at {path}, rebuilds the same "
+        "corpus (the sha256 is checked); another pin in DEBIAN builds one that differs from the committed manifests"
+    )
+
+
 def fetch(sources: Path) -> dict[str, Path]:
     """The pinned packages, downloaded once and checked: name=version -> archive path."""
     sources.mkdir(parents=True, exist_ok=True)
@@ -68,11 +83,13 @@ def fetch(sources: Path) -> dict[str, Path]:
     for spec in DEBIAN:
         name, version = spec.split("=")
         path = sources / f"{name}_{version}_{'all' if name.endswith('-doc') else 'amd64'}.deb"
-        if not path.exists() and subprocess.run(["apt-get", "download", spec], cwd=sources).returncode:
-            raise SystemExit(
-                f"apt-get could not download {spec}: on a fresh machine its package lists may predate the "
-                "pinned version; run `apt-get update` and try again"
-            )
+        if not path.exists():
+            if shutil.which("apt-get") is None:
+                raise SystemExit(
+                    f"{spec} needs apt-get (Debian bookworm) to download it, or its .deb at {path}"
+                )
+            if subprocess.run(["apt-get", "download", spec], cwd=sources).returncode:
+                raise SystemExit(apt_download_error(name, version, path))
         got[spec] = path
     for spec in PYPI:
         name, version = spec.split("==")

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -227,3 +229,22 @@ def test_more_answers_skip_the_store_the_heldout_prompts_and_evaluation_text(tmp
     ]
     assert docs[1].messages == (("user", "question new"), ("assistant", "e"))
     assert skipped == {"in store": 1, "held out": 1, "no prompt": 1, "empty": 1, "evaluation overlap": 1}
+
+
+def test_build_script_names_a_debian_pin_the_archive_no_longer_serves(monkeypatch, tmp_path):
+    """When the pinned Debian version is gone from the package lists, the error lists what they name instead and
+    where its .deb would go; a listed version that fails to download points at apt-get's own message."""
+    spec = importlib.util.spec_from_file_location("build_corpus", REPO / "scripts" / "build_corpus.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    madison = (
+        " python3.11-doc | 3.11.2-6+deb12u10 | http://deb.debian.org/debian-security bookworm-security/main\n"
+    )
+    monkeypatch.setattr(
+        script.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=madison, stderr="")
+    )
+    deb = tmp_path / "python3.11-doc_3.11.2-6+deb12u9_all.deb"
+    gone = script.apt_download_error("python3.11-doc", "3.11.2-6+deb12u9", deb)
+    assert "(they name 3.11.2-6+deb12u10)" in gone and "no longer serves it" in gone and str(deb) in gone
+    listed = script.apt_download_error("python3.11-doc", "3.11.2-6+deb12u10", deb)
+    assert listed == "apt-get could not download python3.11-doc=3.11.2-6+deb12u10 (its message is above)"
