@@ -113,10 +113,10 @@ def verification_costs(model, ids, nodes: list[int], reps: int) -> tuple[dict[in
     import torch
     from transformers import DynamicCache
 
-    from hf_spec.compat import cache_kwargs
+    from hf_spec.core.compat import cache_kwargs
+    from hf_spec.engine.target.cache import crop_cache
+    from hf_spec.engine.target.forward import verification_inputs
     from hf_spec.tree import DraftTree
-    from hf_spec.verify.cache import crop_cache
-    from hf_spec.verify.forward import verification_inputs
 
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
@@ -142,8 +142,8 @@ def verification_costs(model, ids, nodes: list[int], reps: int) -> tuple[dict[in
 @contextlib.contextmanager
 def round_clock(device, totals: dict):
     """Time every round, the drafter's proposal and the target's forward in it (synchronized), and count rounds."""
+    from hf_spec.core.drafter import Drafter
     from hf_spec.engine.round import RoundEngine
-    from hf_spec.methods.base import Drafter
 
     step, propose, forward = RoundEngine.step, RoundEngine.propose, Drafter.verify_forward
 

@@ -13,16 +13,17 @@ import torch
 from transformers import LogitsProcessorList, PreTrainedModel, StoppingCriteriaList, StopStringCriteria
 from transformers.utils import logging
 
-from hf_spec.compat import generate_frame_local, streamer_from_generate_frame
-from hf_spec.config import MethodConfig
-from hf_spec.draft_switch import DraftSwitch
+from hf_spec.core.compat import generate_frame_local, streamer_from_generate_frame
+from hf_spec.core.config import MethodConfig
+from hf_spec.core.drafter import Drafter
+from hf_spec.core.registry import get_method
+from hf_spec.core.specs import parse_method, resolved_config
 from hf_spec.engine.batch import batched_generate
-from hf_spec.engine.profile import target_profile
+from hf_spec.engine.draft_switch import DraftSwitch
+from hf_spec.engine.outputs import SpecDecodeOutput, SpecStats, combine_stats
 from hf_spec.engine.rows import generate_rows, row_config
 from hf_spec.engine.sequence import check_supported, speculative_generate
-from hf_spec.methods.base import Drafter
-from hf_spec.outputs import SpecDecodeOutput, SpecStats, combine_stats
-from hf_spec.registry import get_method, parse_method
+from hf_spec.engine.target.profile import target_profile
 
 logger = logging.get_logger(__name__)
 
@@ -51,7 +52,7 @@ class SpeculativeDecoder:
             target forward per round, one drafter copy per row (`hf_spec.engine.batch`; drafters with `batchable`:
             pld, retrieval, eagle, lyanna); `"rows"`: row by row with speculation (any drafter); `"auto"`
             (default): batched where the drafter allows, and there round by round a tree or a plain step,
-            whichever commits more tokens per second as measured (`hf_spec.draft_switch`), else rows;
+            whichever commits more tokens per second as measured (`hf_spec.engine.draft_switch`), else rows;
             `"plain"`: transformers' own decoding, no speculation, inside the target's kernel backend (`last_stats` None).
 
     Threads: one decoder may serve concurrent `generate` calls on one model (a server keeping one decoder per
@@ -109,7 +110,7 @@ class SpeculativeDecoder:
                 drafter = self._drafters.get(model)
                 if drafter is None:  # not built by another thread while this one waited
                     entry = get_method(self.config.method)
-                    config = self.config.resolved()  # relative paths read from the config file's folder
+                    config = resolved_config(self.config)  # relative paths read from the config file's folder
                     drafter = self._drafters[model] = entry.drafter_cls(config, model, self.tokenizer)
         return drafter
 
@@ -199,7 +200,9 @@ class SpeculativeDecoder:
                     model, input_ids, logits_processor, stopping_criteria, generation_config, streamer=streamer,
                     **model_kwargs,
                 )  # fmt: skip
-        if target_profile(model).int8_rows:  # rows that share LLM.int8 outlier columns (verify/int8_rows.py)
+        if target_profile(
+            model
+        ).int8_rows:  # rows that share LLM.int8 outlier columns (engine/target/int8_rows.py)
             raise ValueError(
                 "this target's bitsandbytes LLM.int8 layers pick outlier columns over all rows of a forward, so "
                 "generate's output for a batch or a padded prompt depends on its other rows, which speculation "

@@ -16,14 +16,16 @@ import torch
 from transformers import PreTrainedModel
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from hf_spec.compat import generate_frame_local, passed_cache
-from hf_spec.config import MethodConfig
+from hf_spec.core.compat import generate_frame_local, passed_cache
+from hf_spec.core.config import MethodConfig
+from hf_spec.core.drafter import Drafter, RoundResult, SpecState
+from hf_spec.core.specs import HEAD_IN_THIS_FOLDER
 from hf_spec.decoder import SpeculativeDecoder
-from hf_spec.engine.hidden import select_hidden_states
 from hf_spec.engine.round import propose_within_room
-from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER, REQUIREMENTS
-from hf_spec.methods.base import Drafter, RoundResult, SpecState
-from hf_spec.output_folder import check_output_folder
+from hf_spec.engine.target.hidden import select_hidden_states
+from hf_spec.engine.target.profile import target_profile
+from hf_spec.heads.hub import REQUIREMENTS
+from hf_spec.io.output_folder import check_output_folder
 from hf_spec.tree import DraftTree
 
 AssistantLike = SpeculativeDecoder | Drafter | MethodConfig
@@ -69,7 +71,13 @@ class HfSpecCandidateGenerator(CandidateGenerator):
             layers = self.drafter.hidden_state_layers
             hidden = select_hidden_states(outputs.hidden_states, layers) if self.wants_hidden else None
             self.state = SpecState(
-                self.model, cache, input_ids, self.generation_config, hidden, uses_verify_forward=False
+                self.model,
+                cache,
+                input_ids,
+                self.generation_config,
+                hidden,
+                uses_verify_forward=False,
+                backend=target_profile(self.model).backend,
             )
             self.drafter.begin(self.state)
         elif self.last_round is not None:
@@ -191,7 +199,7 @@ def save_custom_generate(folder: str | Path, method: str | MethodConfig, overwri
 
     `folder` must be new, empty or an earlier recipe folder; one that holds another artefact (a head, a datastore,
     a model, other files) is refused unless `overwrite=True`, which replaces only the recipe's files."""
-    from hf_spec.registry import parse_method
+    from hf_spec.core.specs import parse_method
 
     config = parse_method(method)
     folder = Path(folder)
@@ -204,7 +212,7 @@ def save_custom_generate(folder: str | Path, method: str | MethodConfig, overwri
         )
     (folder / "custom_generate").mkdir(parents=True, exist_ok=True)
     config.save_pretrained(folder)
-    recipe = json.dumps(config.resolved(parse_specs=False).to_dict())
+    recipe = json.dumps(config.resolved().to_dict())
     (folder / "custom_generate" / "generate.py").write_text(_GENERATE_PY.format(recipe=repr(recipe)))
     (folder / "custom_generate" / "requirements.txt").write_text(REQUIREMENTS)
     return folder
@@ -217,7 +225,7 @@ def _is_recipe_folder(folder: Path) -> bool:
 
 def generate_with_recipe(model: PreTrainedModel, recipe: str | dict, **generate_kwargs):
     """Entry used by saved `custom_generate/generate.py` files: re-enter `generate` with the hf-spec loop."""
-    from hf_spec.registry import get_method
+    from hf_spec.core.registry import get_method
 
     data = json.loads(recipe) if isinstance(recipe, str) else dict(recipe)
     if data.get("head") == HEAD_IN_THIS_FOLDER:  # a head repo's own recipe: the head is the folder being run

@@ -17,7 +17,7 @@ if not torch.cuda.is_available():
 
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config  # noqa: E402
 
-from hf_spec.compat import GENERATE_CACHE_KEY, OUTPUT_CACHE_FIELD
+from hf_spec.core.compat import GENERATE_CACHE_KEY, OUTPUT_CACHE_FIELD
 
 # the KV cache's keyword and output field in the installed transformers (`cache` from 5.24, `past_key_values` before)
 CACHE, OUTPUT_CACHE = GENERATE_CACHE_KEY, OUTPUT_CACHE_FIELD

@@ -8,8 +8,8 @@ from collections import Counter
 import pytest
 import torch
 
+from hf_spec.engine.acceptance import accept_greedy, accept_sampling
 from hf_spec.tree.draft_tree import DraftTree
-from hf_spec.verify.acceptance import accept_greedy, accept_sampling
 from tests.stats import chi2_pvalue
 
 V = 6

@@ -11,12 +11,12 @@ import transformers as T
 from transformers import DynamicCache
 
 from hf_spec import SpeculativeDecoder
-from hf_spec.config import MethodConfig
-from hf_spec.methods.base import Drafter, SpecState
+from hf_spec.core.config import MethodConfig
+from hf_spec.core.drafter import Drafter, SpecState
+from hf_spec.engine.target.windows import attention_windows, sequence_mask, target_cache, windowed_mask
 from hf_spec.methods.hispec.config import HiSpecConfig
 from hf_spec.tree.draft_tree import DraftTree
 from hf_spec.tree.masks import tree_attention_mask, tree_position_ids
-from hf_spec.verify.windows import attention_windows, sequence_mask, target_cache, windowed_mask
 from tests.conftest import CACHE, assert_equal_up_to_ties, prompt_ids, tiny_fields
 
 V, WINDOW = 96, 8
@@ -339,7 +339,7 @@ def test_alibi_models_are_refused_by_name(cls, extra):
 def test_the_tree_check_catches_a_model_that_misreads_its_masks(monkeypatch):
     """The self-check behind every generation: Falcon given grouped attention (as before this was scoped to models
     with `_supports_attention_backend`) adds a boolean mask to its scores; the check sees it on four tokens."""
-    from hf_spec.verify.compat import check_tree_verification
+    from hf_spec.engine.target.check import check_tree_verification
 
     good = build("llama")
     check_tree_verification(good)
@@ -350,7 +350,7 @@ def test_the_tree_check_catches_a_model_that_misreads_its_masks(monkeypatch):
 
 
 def test_the_tree_check_can_be_skipped(monkeypatch):
-    from hf_spec.verify.compat import check_tree_verification
+    from hf_spec.engine.target.check import check_tree_verification
 
     monkeypatch.setenv("HF_SPEC_TREE_CHECK", "0")
     model = build("llama")
@@ -413,8 +413,8 @@ def test_layer_kwargs_of_older_transformers(monkeypatch):
     """Before 5.24 transformers gave one dict of cache-layer arguments for every layer: the windows are the same."""
     from transformers import cache_utils
 
-    from hf_spec import compat
-    from hf_spec.verify.windows import attention_windows
+    from hf_spec.core import compat
+    from hf_spec.engine.target.windows import attention_windows
 
     model = build("mistral-window")
     want = attention_windows(model)

@@ -16,7 +16,7 @@ from hf_spec.bench.runner import (
 )
 from hf_spec.cli.common import resolve_dtype
 from hf_spec.cli.main import main
-from hf_spec.outputs import SpecStats
+from hf_spec.engine.outputs import SpecStats
 from tests.conftest import STORIES
 
 pytestmark = pytest.mark.usefixtures("keep_threads")

@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from hf_spec.engine.target.cache import compact_cache, crop_cache
 from hf_spec.tree.draft_tree import DraftTree
 from hf_spec.tree.masks import tree_attention_mask, tree_position_ids
-from hf_spec.verify.cache import compact_cache, crop_cache
 from tests.conftest import CACHE
 
 
@@ -57,7 +57,7 @@ def test_the_cache_goes_by_the_name_the_installed_transformers_uses(tiny_llama):
     from transformers.generation.utils import GenerateDecoderOnlyOutput
 
     from hf_spec import SpeculativeDecoder
-    from hf_spec.compat import GENERATE_CACHE_KEY, OUTPUT_CACHE_FIELD, cache_kwargs, passed_cache
+    from hf_spec.core.compat import GENERATE_CACHE_KEY, OUTPUT_CACHE_FIELD, cache_kwargs, passed_cache
 
     cache = DynamicCache()
     layer = tiny_llama.model.layers[0]

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from hf_spec import SpeculativeDecoder
+from hf_spec.core.registry import list_methods
 from hf_spec.datastore import DatastoreRecipe, TokenIndex, save_datastore
 from hf_spec.heads.eagle import EagleHeadConfig, EagleHeadModel
 from hf_spec.heads.hub import save_head_folder
@@ -23,7 +24,6 @@ from hf_spec.methods.lyanna.config import LyannaConfig
 from hf_spec.methods.postuse import PostUseConfig
 from hf_spec.methods.retrieval.config import RetrievalConfig
 from hf_spec.methods.talon.config import TalonConfig
-from hf_spec.registry import list_methods
 from tests.conftest import make_tiny_model, prompt_ids
 
 THREADS = 3

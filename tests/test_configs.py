@@ -15,16 +15,17 @@ from pathlib import Path
 
 import pytest
 
-import hf_spec.config
-from hf_spec.config import CONFIG_VERSION, MethodConfig, config_schema
-from hf_spec.config_paths import resolve_spec
+import hf_spec.core.config
+from hf_spec.core.config import CONFIG_VERSION, MethodConfig, config_schema
+from hf_spec.core.config_paths import resolve_spec
+from hf_spec.core.registry import get_method, list_methods
+from hf_spec.core.specs import parse_method
 from hf_spec.kernels.weight_only import SCHEMES
 from hf_spec.methods.early_exit.config import EarlyExitConfig
 from hf_spec.methods.lyanna.config import LyannaConfig
 from hf_spec.methods.postuse.config import PostUseConfig
 from hf_spec.methods.retrieval.config import RetrievalConfig
 from hf_spec.methods.talon.config import TalonConfig
-from hf_spec.registry import get_method, list_methods, parse_method
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_FILES = sorted(
@@ -161,7 +162,7 @@ def test_choice_fields_list_their_values():
 
 
 def test_cli_args_are_converted_by_their_annotation_without_eval():
-    assert "eval(" not in inspect.getsource(hf_spec.config)
+    assert "eval(" not in inspect.getsource(hf_spec.core.config)
     assert parse_method("early-exit:6").exit_layer == 6
     assert parse_method("postuse:early-exit:3").drafter == "early-exit:3"
     assert parse_method("draft-model:some/folder").model == "some/folder"

@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
 
 from hf_spec import SpeculativeDecoder  # noqa: E402
 from hf_spec.engine.backend import TorchBackend, TritonBackend, triton_available  # noqa: E402
-from hf_spec.engine.profile import target_profile  # noqa: E402
+from hf_spec.engine.target.profile import target_profile  # noqa: E402
 from tests.conftest import assert_equal_up_to_ties, make_tiny_model, prompt_ids  # noqa: E402
 from tests.test_methods import METHOD_SPECS, decoder_for  # noqa: E402
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from hf_spec.engine.placement import target_placement
-from hf_spec.engine.profile import target_profile
+from hf_spec.engine.target.placement import target_placement
+from hf_spec.engine.target.profile import target_profile
 from tests.conftest import STORIES
 from tests.test_methods import decoder_for
 

@@ -8,7 +8,7 @@ import torch
 
 import hf_spec.decoder
 from hf_spec import SpeculativeDecoder
-from hf_spec.draft_switch import DraftSwitch
+from hf_spec.engine.draft_switch import DraftSwitch
 from tests.test_rows import PAD, batch_of_three
 
 

@@ -12,11 +12,13 @@ from safetensors import safe_open
 from transformers import AutoModel, DynamicCache, GenerationConfig
 
 from hf_spec import SpeculativeDecoder
+from hf_spec.core.drafter import SpecState
+from hf_spec.core.specs import HEAD_IN_THIS_FOLDER
+from hf_spec.engine.target.profile import target_profile
 from hf_spec.heads.eagle import EagleHeadConfig, EagleHeadModel
 from hf_spec.heads.eagle.losses import alignment_mask, topk_loss
 from hf_spec.heads.eagle.train import EagleTrainConfig, train_eagle
-from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER, save_head_folder
-from hf_spec.methods.base import SpecState
+from hf_spec.heads.hub import save_head_folder
 from hf_spec.methods.eagle import EagleConfig, EagleDrafter
 from hf_spec.methods.eagle.drafter import load_head
 from hf_spec.methods.postuse import PostUseConfig, PostUseDrafter
@@ -259,7 +261,14 @@ def _head_state(model, ids: torch.Tensor) -> SpecState:
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
         out = model(input_ids=ids[:, :-1], **{CACHE: cache}, use_cache=True, output_hidden_states=True)
-    return SpecState(model, cache, ids, GenerationConfig(), hidden_states=out.hidden_states[-1])
+    return SpecState(
+        model,
+        cache,
+        ids,
+        GenerationConfig(),
+        hidden_states=out.hidden_states[-1],
+        backend=target_profile(model).backend,
+    )
 
 
 def test_draft_step_branches_equal_chain_steps(trained):

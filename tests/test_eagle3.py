@@ -12,7 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache, GenerationConfig, LlamaConfig
 
 from hf_spec import SpeculativeDecoder
-from hf_spec.methods.base import SpecState
+from hf_spec.core.drafter import SpecState
+from hf_spec.engine.target.profile import target_profile
 from hf_spec.methods.eagle3 import Eagle3Config, Eagle3Drafter, load_eagle3_head
 from tests.conftest import CACHE, make_tiny_model, prompt_ids, tiny_fields
 from tests.eagle3_checkpoints import reference_logits, reference_states, target_ids, write_eagle3_checkpoint
@@ -46,7 +47,9 @@ def _state(model, ids: torch.Tensor, layers) -> SpecState:
     with torch.no_grad():
         out = model(input_ids=ids[:, :-1], **{CACHE: cache}, use_cache=True, output_hidden_states=True)
     hidden = torch.cat([out.hidden_states[i] for i in layers], -1)
-    return SpecState(model, cache, ids, GenerationConfig(), hidden_states=hidden)
+    return SpecState(
+        model, cache, ids, GenerationConfig(), hidden_states=hidden, backend=target_profile(model).backend
+    )
 
 
 # ---- loading -------------------------------------------------------------------------------------------------
@@ -215,7 +218,7 @@ def test_heads_of_the_other_method_name_it(tmp_path):
 def test_hub_ids_resolve_through_the_cache(tmp_path, monkeypatch):
     from huggingface_hub import constants
 
-    from hf_spec.hub_ids import HubIdError
+    from hf_spec.core.hub_ids import HubIdError
     from tests.fake_hub import cache_repo
 
     cache = tmp_path / "hf_home" / "hub"
@@ -246,7 +249,7 @@ def test_transformers_assisted_loop_gets_the_joined_states(tmp_path):
 
 
 def test_select_hidden_states_joins_layers_in_order():
-    from hf_spec.engine.hidden import select_hidden_states
+    from hf_spec.engine.target.hidden import select_hidden_states
 
     hs = tuple(torch.full((1, 2, 3), float(i)) for i in range(5))
     assert select_hidden_states(hs, (-1,)) is hs[-1]

@@ -1,4 +1,4 @@
-"""`hf_spec.envs`: one table of every `HF_SPEC_*` variable, read on access, documented in docs/environment.md."""
+"""`hf_spec.core.envs`: one table of every `HF_SPEC_*` variable, read on access, documented in docs/environment.md."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_spec import envs
+from hf_spec.core import envs
 from hf_spec.kernels import cpu_skinny_gemm as csg
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,7 +46,9 @@ def test_every_variable_named_in_the_repository_is_declared():
         for name in NAME.findall(path.read_text(errors="replace"))
         if name not in envs.ENVIRONMENT_VARIABLES
     }
-    assert not unknown, f"undeclared HF_SPEC_* variables (add them to hf_spec/envs.py): {sorted(unknown)}"
+    assert not unknown, (
+        f"undeclared HF_SPEC_* variables (add them to hf_spec/core/envs.py): {sorted(unknown)}"
+    )
 
 
 def test_only_envs_reads_the_environment_for_hf_spec_variables():
@@ -56,7 +58,7 @@ def test_only_envs_reads_the_environment_for_hf_spec_variables():
         for path in (ROOT / "hf_spec").rglob("*.py")
         if path.name != "envs.py" and reads.search(path.read_text())
     ]
-    assert not offenders, f"read HF_SPEC_* variables through hf_spec.envs: {offenders}"
+    assert not offenders, f"read HF_SPEC_* variables through hf_spec.core.envs: {offenders}"
 
 
 def test_defaults_when_unset(monkeypatch):

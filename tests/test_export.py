@@ -13,8 +13,9 @@ from transformers import DynamicCache, GenerationConfig
 
 from hf_spec.cli.export import export_head
 from hf_spec.cli.main import main
-from hf_spec.integrity import CHECKSUM_FILE, IntegrityError
-from hf_spec.methods.base import SpecState
+from hf_spec.core.drafter import SpecState
+from hf_spec.engine.target.profile import target_profile
+from hf_spec.io.integrity import CHECKSUM_FILE, IntegrityError
 from hf_spec.methods.eagle import EagleConfig, EagleDrafter
 from hf_spec.methods.eagle3 import (
     Eagle3Config,
@@ -44,7 +45,14 @@ def trees(drafter, target, layers, seeds=(1, 2, 3)) -> list[tuple[list[int], lis
         with torch.no_grad():
             o = target(input_ids=ids[:, :-1], **{CACHE: cache}, use_cache=True, output_hidden_states=True)
         hidden = torch.cat([o.hidden_states[i] for i in layers], -1)
-        state = SpecState(target, cache, ids, GenerationConfig(), hidden_states=hidden)
+        state = SpecState(
+            target,
+            cache,
+            ids,
+            GenerationConfig(),
+            hidden_states=hidden,
+            backend=target_profile(target).backend,
+        )
         drafter.begin(state)
         tree = drafter.propose(state, max_depth=4)
         drafter.end(state)
@@ -168,7 +176,7 @@ def test_own_head_folders_carry_checksums_and_refuse_damaged_weights(tmp_path, t
     load_eagle3_head(str(tmp_path / "own"), target)
     # hf-spec's folders from before checksums load with a warning; third-party folders have none and load quietly
     (tmp_path / "vllm" / CHECKSUM_FILE).unlink()
-    with caplog.at_level("WARNING", logger="hf_spec.integrity"):
+    with caplog.at_level("WARNING", logger="hf_spec.io.integrity"):
         load_eagle3_head(str(tmp_path / "vllm"), target)
         assert "carries no checksum" in caplog.text
         caplog.clear()

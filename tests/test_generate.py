@@ -10,13 +10,14 @@ from transformers import StoppingCriteria, StoppingCriteriaList, pipeline
 from transformers.generation.streamers import BaseStreamer
 
 from hf_spec import SpeculativeDecoder
-from hf_spec.config import MethodConfig
+from hf_spec.core.config import MethodConfig
+from hf_spec.core.registry import register_method
+from hf_spec.core.specs import parse_method
 from hf_spec.integrations import enable_assistant, save_custom_generate
 from hf_spec.methods.draft_model.config import DraftModelConfig
 from hf_spec.methods.draft_model.drafter import DraftModelDrafter
 from hf_spec.methods.early_exit.config import EarlyExitConfig
 from hf_spec.methods.pld.config import PLDConfig
-from hf_spec.registry import parse_method, register_method
 from tests.conftest import make_tiny_model, prompt_ids
 
 

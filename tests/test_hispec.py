@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from hf_spec import SpeculativeDecoder
+from hf_spec.core.specs import parse_method
 from hf_spec.heads.exits.model import ExitHeads, load_exit_lm
 from hf_spec.heads.exits.train import evaluate_heads, extract_cached, extract_features, train_heads
 from hf_spec.methods.early_exit.config import EarlyExitConfig
 from hf_spec.methods.hispec.config import HiSpecConfig
 from hf_spec.methods.hispec.drafter import HiSpecDrafter
-from hf_spec.registry import parse_method
 from tests.conftest import OUTPUT_CACHE, make_tiny_model, prompt_ids
 from tests.stats import sampled_marginals_pvalues
 from tests.test_sampling import V

@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from hf_spec import SpeculativeDecoder
+from hf_spec.core.hub_ids import HubIdError, parse_hub_id, resolve_folder, resolve_head_folder
+from hf_spec.core.specs import HEAD_IN_THIS_FOLDER, parse_method
 from hf_spec.heads.eagle import EagleHeadConfig, EagleHeadModel
 from hf_spec.heads.exits.model import ExitHeads, load_exit_lm
-from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER, save_head_folder
-from hf_spec.hub_ids import HubIdError, parse_hub_id, resolve_folder, resolve_head_folder
+from hf_spec.heads.hub import save_head_folder
 from hf_spec.methods.eagle import EagleConfig
 from hf_spec.methods.early_exit import EarlyExitConfig
 from hf_spec.methods.pld.config import PLDConfig
-from hf_spec.registry import parse_method
 from tests.conftest import make_tiny_model, prompt_ids
 from tests.fake_hub import cache_repo
 from tests.test_published_heads import write_eagle_checkpoint
@@ -92,7 +92,7 @@ def test_hf_home_is_respected_in_a_fresh_process(tmp_path):
     snapshot = cache_repo(home / "hub", "org/head", tmp_path / "src")
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE")}
     env |= {"HF_HOME": str(home), "HF_HUB_OFFLINE": "1"}
-    code = "from hf_spec.hub_ids import resolve_head_folder as r; print(r('org/head', 'head')); r('org/gone', 'head')"
+    code = "from hf_spec.core.hub_ids import resolve_head_folder as r; print(r('org/head', 'head')); r('org/gone', 'head')"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == str(snapshot)
     assert "head 'org/gone'" in done.stderr and "HF_HUB_OFFLINE is set" in done.stderr

@@ -9,8 +9,9 @@ import torch
 from transformers import DynamicCache
 
 from hf_spec import SpeculativeDecoder
+from hf_spec.core.specs import HEAD_IN_THIS_FOLDER
 from hf_spec.heads.eagle.losses import alignment_mask
-from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER, save_head_folder
+from hf_spec.heads.hub import save_head_folder
 from hf_spec.heads.lyanna import LyannaHeadConfig, LyannaHeadModel
 from hf_spec.heads.lyanna.train import LyannaTrainConfig, train_lyanna
 from hf_spec.methods.lyanna import LyannaConfig, LyannaDrafter

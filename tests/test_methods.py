@@ -16,6 +16,8 @@ from transformers import DynamicCache, WatermarkingConfig
 from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
 from hf_spec import SpeculativeDecoder, list_methods
+from hf_spec.core.registry import get_method
+from hf_spec.core.specs import parse_method
 from hf_spec.heads.eagle import EagleHeadConfig, EagleHeadModel
 from hf_spec.heads.lyanna import LyannaHeadConfig, LyannaHeadModel
 from hf_spec.methods.draft_model.config import DraftModelConfig
@@ -23,7 +25,6 @@ from hf_spec.methods.draft_model.drafter import DraftModelDrafter
 from hf_spec.methods.eagle import EagleConfig, EagleDrafter
 from hf_spec.methods.lyanna import LyannaConfig, LyannaDrafter
 from hf_spec.methods.pld.ngram_matcher import find_continuations, first_continuation
-from hf_spec.registry import get_method, parse_method
 from tests.conftest import CACHE, make_tiny_model, prompt_ids
 
 METHOD_SPECS = [

@@ -12,8 +12,11 @@ from hypothesis import strategies as st
 from transformers import DynamicCache, GenerationConfig
 
 from hf_spec import SpeculativeDecoder
-from hf_spec.compat import cache_kwargs
-from hf_spec.methods.base import SpecState
+from hf_spec.core.compat import cache_kwargs
+from hf_spec.core.drafter import SpecState
+from hf_spec.core.specs import parse_method
+from hf_spec.engine.target.forward import flat_tree_budget, time_verifications
+from hf_spec.engine.target.profile import target_profile
 from hf_spec.methods.draft_model.config import DraftModelConfig
 from hf_spec.methods.draft_model.drafter import DraftModelDrafter
 from hf_spec.methods.early_exit.config import EarlyExitConfig
@@ -21,11 +24,9 @@ from hf_spec.methods.early_exit.drafter import EarlyExitDrafter
 from hf_spec.methods.postuse import PostUseConfig, PostUseDrafter, PreCutController, TokenCache
 from hf_spec.methods.postuse.branches import agreeing_runs, windows
 from hf_spec.methods.postuse.controller import CONTINUE, STOP
-from hf_spec.registry import parse_method
 from hf_spec.tree.draft_tree import DraftTree
 from hf_spec.tree.fusion import graft
 from hf_spec.tree.masks import tree_attention_mask, tree_position_ids
-from hf_spec.verify.forward import flat_tree_budget, time_verifications
 from tests.conftest import CACHE, make_tiny_model, prompt_ids
 from tests.stats import sampled_marginals_pvalues
 from tests.test_sampling import V
@@ -212,7 +213,7 @@ def test_draft_step_branches_equal_separate_forwards(tiny_model, kind):
     cache = DynamicCache(config=tiny_model.config)
     with torch.no_grad():
         tiny_model(input_ids=ids[:, :-1], **{CACHE: cache}, use_cache=True)
-    state = SpecState(tiny_model, cache, ids, GenerationConfig())
+    state = SpecState(tiny_model, cache, ids, GenerationConfig(), backend=target_profile(tiny_model).backend)
     drafter.begin(state)
     root = int(ids[0, -1])
     branches = [[7, 8, 9], [10], [7, 11]]
@@ -395,7 +396,9 @@ def test_measured_tree_budget(tiny_llama):
     cache = DynamicCache(config=tiny_llama.config)
     tiny_llama(ids[:, :-1], **cache_kwargs(tiny_llama, cache), use_cache=True)
     before = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
-    state = SpecState(tiny_llama, cache, ids, GenerationConfig(max_new_tokens=4))
+    state = SpecState(
+        tiny_llama, cache, ids, GenerationConfig(max_new_tokens=4), backend=target_profile(tiny_llama).backend
+    )
     costs = time_verifications(drafter, state, [1, 5, 9], repeats=1)
     assert sorted(costs) == [1, 5, 9] and all(t > 0 for t in costs.values())
     for (k, v), layer in zip(before, cache.layers, strict=True):

@@ -16,8 +16,9 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, DynamicCache, GenerationConfig, LlamaConfig
 
 from hf_spec import SpeculativeDecoder
+from hf_spec.core.drafter import SpecState
+from hf_spec.engine.target.profile import target_profile
 from hf_spec.heads.published.eagle import PublishedEagleHead
-from hf_spec.methods.base import SpecState
 from hf_spec.methods.eagle import EagleConfig, EagleDrafter
 from hf_spec.methods.eagle.drafter import load_head
 from tests.conftest import CACHE, make_tiny_model, prompt_ids, tiny_fields
@@ -165,7 +166,14 @@ def _state(model, ids: torch.Tensor) -> SpecState:
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
         out = model(input_ids=ids[:, :-1], **{CACHE: cache}, use_cache=True, output_hidden_states=True)
-    return SpecState(model, cache, ids, GenerationConfig(), hidden_states=out.hidden_states[-1])
+    return SpecState(
+        model,
+        cache,
+        ids,
+        GenerationConfig(),
+        hidden_states=out.hidden_states[-1],
+        backend=target_profile(model).backend,
+    )
 
 
 # ---- tests -------------------------------------------------------------------------------------------------------

@@ -13,10 +13,11 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from hf_spec import SpeculativeDecoder
 from hf_spec.engine import sequence
-from hf_spec.engine.placement import target_placement
-from hf_spec.engine.profile import target_profile
+from hf_spec.engine.target import check as compat
+from hf_spec.engine.target import int8_rows
+from hf_spec.engine.target.placement import target_placement
+from hf_spec.engine.target.profile import target_profile
 from hf_spec.models.fingerprint import check_fingerprint, target_fingerprint
-from hf_spec.verify import compat, int8_rows
 from tests.conftest import STORIES
 from tests.test_methods import METHOD_SPECS, decoder_for
 
@@ -94,7 +95,9 @@ def test_first_root_takes_the_prompts_outlier_columns(int8_stories, monkeypatch)
 def test_tree_check_catches_int8_layers_that_share_outlier_columns(monkeypatch):
     model = load_int8()
     compat.check_tree_verification(model)  # row-local inside the verification context: passes
-    monkeypatch.setattr("hf_spec.engine.placement.row_local_int8", lambda module: contextlib.nullcontext())
+    monkeypatch.setattr(
+        "hf_spec.engine.target.placement.row_local_int8", lambda module: contextlib.nullcontext()
+    )
     model.__dict__.pop("_hf_spec_tree_check", None)
     with pytest.raises(ValueError, match=r"Linear8bitLt layers compute a row differently beside other rows"):
         compat.check_tree_verification(model)

@@ -115,8 +115,8 @@ def test_smollm2_bfloat16_passes_the_tree_check_and_decodes_losslessly(monkeypat
     """SmolLM2's special tokens drive activations to ~25,000 from its 12th layer; a tree-check probe made of them
     failed in bfloat16 on rounding noise alone (session 24: `hf-spec bench --dtype bfloat16` refused SmolLM2 with
     the bf16 kernel on). The probe's ordinary tokens pass with the kernel on and off, and decoding stays lossless."""
+    from hf_spec.engine.target.check import _failure
     from hf_spec.models import load_model
-    from hf_spec.verify.compat import _failure
 
     monkeypatch.setenv("HF_SPEC_BF16_KERNEL", bf16_kernel)
     torch.set_num_threads(2)

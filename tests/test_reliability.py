@@ -18,19 +18,19 @@ from safetensors.torch import load_file, save_file
 
 from hf_spec import SpeculativeDecoder
 from hf_spec.cli.main import main
+from hf_spec.core.specs import parse_method, resolved_config
 from hf_spec.datastore import DatastoreRecipe, TokenIndex, load_datastore, save_datastore
 from hf_spec.datastore.sources import read_texts
 from hf_spec.heads.eagle import EagleHeadConfig, EagleHeadModel
 from hf_spec.heads.exits.model import ExitHeads
 from hf_spec.heads.hub import save_head_folder
 from hf_spec.integrations import save_custom_generate
-from hf_spec.integrity import CHECKSUM_FILE, IntegrityError
+from hf_spec.io.integrity import CHECKSUM_FILE, IntegrityError
 from hf_spec.methods.eagle import EagleConfig
 from hf_spec.methods.eagle3 import Eagle3Head, Eagle3HeadConfig, save_eagle3_head
 from hf_spec.methods.postuse.controller import PreCutController
 from hf_spec.models import fetch as F
 from hf_spec.models.downloads import OfflineError
-from hf_spec.registry import parse_method
 from hf_spec.training.prompts import load_train_prompts
 from tests.conftest import make_tiny_model, prompt_ids
 
@@ -84,7 +84,7 @@ def test_a_head_saved_before_checksums_loads_but_nan_weights_and_foreign_token_i
 ):
     folder = eagle_head(target, tmp_path / "old")
     (folder / CHECKSUM_FILE).unlink()  # as an earlier hf-spec wrote it
-    with caplog.at_level(logging.WARNING, logger="hf_spec.integrity"):
+    with caplog.at_level(logging.WARNING, logger="hf_spec.io.integrity"):
         load_eagle(folder, target)
     assert "carries no checksum" in caplog.text
     weights = folder / "model.safetensors"
@@ -263,7 +263,7 @@ def test_a_path_written_for_the_current_directory_still_loads_with_a_warning(
     config = tmp_path / "configs" / "early.json"
     config.write_text(json.dumps({"method": "early-exit", "exit_layer": 2, "exit_heads": "exits"}))
     monkeypatch.chdir(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="hf_spec.config_paths"):
+    with caplog.at_level(logging.WARNING, logger="hf_spec.core.config_paths"):
         SpeculativeDecoder(str(config)).drafter_for(target)
     assert "is read from the current directory" in caplog.text
 
@@ -281,12 +281,12 @@ def test_every_committed_config_resolves_from_another_directory(path, tmp_path, 
     monkeypatch.chdir(tmp_path)
     if "../shared/" in path.read_text() and not (REPO.parent / "shared" / "data").is_dir():
         pytest.skip("names the shared training data, absent here")
-    resolved = parse_method(str(path)).resolved()  # raises for a relative path that names nothing
+    resolved = resolved_config(parse_method(str(path)))  # raises for a relative path that names nothing
     for name in ("head", "exit_heads", "q_table"):
         value = getattr(resolved, name, None) or getattr(getattr(resolved, "drafter", None), name, None)
         if value:
             assert Path(value).is_absolute() and Path(value).exists(), (name, value)
-    spec = getattr(parse_method(str(path)).resolved(parse_specs=False), "drafter", None)
+    spec = getattr(parse_method(str(path)).resolved(), "drafter", None)
     if isinstance(spec, str) and ":" in spec:  # a wrapped drafter's config file, next to this one
         assert Path(spec.partition(":")[2]).is_file(), spec
 

@@ -11,12 +11,12 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from hf_spec import SpeculativeDecoder
-from hf_spec.config import MethodConfig
+from hf_spec.core.config import MethodConfig
+from hf_spec.core.drafter import Drafter, SpecState
 from hf_spec.engine.backend import CpuBackend, TorchBackend, backend_for
 from hf_spec.engine.commit import StopCheck, TokenBuffer
-from hf_spec.engine.profile import target_profile
 from hf_spec.engine.round import RoundEngine
-from hf_spec.methods.base import Drafter, SpecState
+from hf_spec.engine.target.profile import target_profile
 from hf_spec.tree import DraftTree
 
 # what reads a tensor's value on the host: on an accelerator each one waits for the stream
@@ -195,7 +195,7 @@ class RepeatDrafter(Drafter):
 
 def test_a_method_added_from_outside_the_package_runs_by_name(tiny_llama):
     """A config, a drafter and one `register_method` call, nothing else, make a method usable by name."""
-    from hf_spec import registry
+    from hf_spec.core import registry
 
     registry.register_method("repeat-test", RepeatConfig, RepeatDrafter)
     try:

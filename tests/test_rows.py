@@ -7,8 +7,8 @@ import torch
 from transformers import pipeline
 
 from hf_spec import SpeculativeDecoder
+from hf_spec.engine.outputs import combine_stats
 from hf_spec.engine.rows import left_padding
-from hf_spec.outputs import combine_stats
 from tests.conftest import OUTPUT_CACHE, assert_equal_up_to_ties, prompt_ids
 from tests.test_generate import Collect
 

@@ -16,8 +16,8 @@ from transformers import (
 )
 
 from hf_spec import SpeculativeDecoder
-from hf_spec.config import MethodConfig
-from hf_spec.methods.base import Drafter, SpecState
+from hf_spec.core.config import MethodConfig
+from hf_spec.core.drafter import Drafter, SpecState
 from hf_spec.tree.draft_tree import DraftTree
 from tests.conftest import make_tiny_model
 from tests.stats import sampled_marginals_pvalues

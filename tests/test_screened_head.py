@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from hf_spec import SpeculativeDecoder
-from hf_spec.config import MethodConfig
+from hf_spec.core.config import MethodConfig
+from hf_spec.core.drafter import Drafter
 from hf_spec.kernels import cpu_skinny_gemm as csg
 from hf_spec.kernels import screened_head as sh
 from hf_spec.kernels import skinny_linear as sl
 from hf_spec.kernels.screened_head import Int8Screen, screened_lm_head, screening_applies
-from hf_spec.methods.base import Drafter
 from hf_spec.tree.draft_tree import DraftTree
 from tests.conftest import make_tiny_model, prompt_ids
 

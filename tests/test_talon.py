@@ -12,6 +12,7 @@ from transformers import DynamicCache
 from hf_spec import SpeculativeDecoder
 from hf_spec.datastore import DatastoreRecipe, TokenIndex
 from hf_spec.datastore.store import save_datastore
+from hf_spec.engine.target.forward import flat_tree_budget
 from hf_spec.methods.pld.ngram_matcher import first_continuation
 from hf_spec.methods.retrieval.config import RetrievalConfig
 from hf_spec.methods.retrieval.retriever import Retriever
@@ -22,7 +23,6 @@ from hf_spec.methods.talon.preverify import finish_verification, pre_verify
 from hf_spec.tree.draft_tree import DraftTree
 from hf_spec.tree.fusion import fuse_trees
 from hf_spec.tree.masks import tree_attention_mask, tree_position_ids
-from hf_spec.verify.forward import flat_tree_budget
 from tests.conftest import CACHE, make_tiny_model, prompt_ids
 from tests.stats import sampled_marginals_pvalues
 from tests.test_sampling import SampledTreeDrafter, V

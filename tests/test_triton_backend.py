@@ -22,7 +22,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":  # conftest.py sets it where torch
 from hf_spec import SpeculativeDecoder  # noqa: E402
 from hf_spec.engine import backend as backend_module  # noqa: E402
 from hf_spec.engine.backend import CpuBackend, TorchBackend, TritonBackend, backend_for  # noqa: E402
-from hf_spec.engine.profile import target_profile  # noqa: E402
+from hf_spec.engine.target.profile import target_profile  # noqa: E402
 from tests.conftest import make_tiny_model, prompt_ids  # noqa: E402
 from tests.test_methods import METHOD_SPECS, decoder_for  # noqa: E402
 from tests.test_round_engine import FixedTreeDrafter, counting_host_reads  # noqa: E402
@@ -213,8 +213,9 @@ assert not loaded, loaded
 @pytest.fixture
 def head_folder(tmp_path):
     """`(target, folder)`: an EAGLE head folder whose own recipe names the head "." (as published heads do)."""
+    from hf_spec.core.specs import HEAD_IN_THIS_FOLDER
     from hf_spec.heads.eagle import EagleHeadConfig, EagleHeadModel
-    from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER, save_head_folder
+    from hf_spec.heads.hub import save_head_folder
     from hf_spec.methods.eagle import EagleConfig
 
     target = make_tiny_model("qwen2", temperature=16.0)
@@ -278,7 +279,7 @@ def test_head_folder_on_a_cuda_target_runs_the_triton_kernels_by_default(
     CPU, under the interpreter) runs a Hub id's remote code with the triton backend, hf-spec's default there."""
     import dataclasses
 
-    from hf_spec.engine import profile
+    from hf_spec.engine.target import profile
     from tests.fake_hub import cache_repo
 
     target, folder = head_folder

@@ -156,7 +156,7 @@ def commit_round(
     from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
     from hf_spec.engine.commit import SequenceOutputs, StopCheck, TokenBuffer, accept, commit_tokens
-    from hf_spec.outputs import SpecStats
+    from hf_spec.engine.outputs import SpecStats
     from hf_spec.tree import DraftTree
 
     tree = DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))

@@ -13,9 +13,9 @@ import time
 import torch
 from transformers import DynamicCache
 
+from hf_spec.engine.target.cache import crop_cache
 from hf_spec.kernels.skinny_linear import fast_linears
 from hf_spec.models import load_model
-from hf_spec.verify.cache import crop_cache
 
 
 def main() -> None:

@@ -19,10 +19,10 @@ import torch
 from transformers import DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from hf_spec.engine.target.cache import crop_cache
 from hf_spec.kernels.grouped_attention import grouped_attention, grouped_attention_forward, grouped_product
 from hf_spec.kernels.screened_head import screened_lm_head
 from hf_spec.kernels.skinny_linear import fast_linears
-from hf_spec.verify.cache import crop_cache
 
 HEADS, KV_HEADS, HEAD_DIM = 14, 2, 64  # Qwen2.5-0.5B
 

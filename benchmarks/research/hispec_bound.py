@@ -28,7 +28,8 @@ import time
 import torch
 
 from hf_spec.bench.runner import encode_chat, load_prompts
-from hf_spec.compat import cache_kwargs
+from hf_spec.core.compat import cache_kwargs
+from hf_spec.engine.target.cache import crop_cache
 from hf_spec.heads.exits.model import load_exit_lm
 from hf_spec.kernels.grouped_attention import grouped_attention
 from hf_spec.kernels.screened_head import screened_lm_head
@@ -38,7 +39,6 @@ from hf_spec.methods.early_exit.drafter import quantize_draft_layers
 from hf_spec.models import load_model
 from hf_spec.models.layers import decoder_parts, run_layers
 from hf_spec.tree.masks import causal_mask
-from hf_spec.verify.cache import crop_cache
 
 
 def greedy_continuations(model, tok, path: str, max_new_tokens: int, per_category: int = 1, limit=None):

@@ -23,10 +23,10 @@ import torch
 from skinny_gemm_rows import median_seconds  # benchmarks/ is this script's folder
 
 from hf_spec import SpeculativeDecoder
+from hf_spec.core.specs import parse_method
 from hf_spec.kernels import cpu_skinny_gemm
 from hf_spec.kernels.screened_head import BF16_ROUNDING, Int8Screen, max_screened_rows
 from hf_spec.models.fetch import load_model
-from hf_spec.registry import parse_method
 
 PROMPTS = "../shared/data/eval/spec_bench_dev.jsonl"
 

@@ -1,5 +1,5 @@
 """What one greedy verification costs by tree size, on each prompt's own cache (the loop's verification path,
-`hf_spec.verify.forward.time_verifications`, with the loop's attention): where a fused Talon tree stops being free
+`hf_spec.engine.target.forward.time_verifications`, with the loop's attention): where a fused Talon tree stops being free
 on this machine.
 
     python benchmarks/research/tree_cost.py --prompts PROMPTS.jsonl [--limit 5] [--dtype bfloat16] [--sizes 1,4,8,...]
@@ -16,8 +16,8 @@ from postuse_budget import load_target, prompt_arguments
 from transformers import DynamicCache
 
 from hf_spec.bench.runner import encode_chat, load_prompts
-from hf_spec.methods.base import Drafter, SpecState
-from hf_spec.verify.forward import time_verifications
+from hf_spec.core.drafter import Drafter, SpecState
+from hf_spec.engine.target.forward import time_verifications
 
 
 class _StockForward(Drafter):

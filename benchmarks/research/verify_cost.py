@@ -16,11 +16,11 @@ from unittest import mock
 import torch
 from transformers import DynamicCache
 
+from hf_spec.engine.target.cache import crop_cache
 from hf_spec.kernels.grouped_attention import grouped_attention
 from hf_spec.kernels.screened_head import int8_x_applies, screened_lm_head, screening_applies
 from hf_spec.kernels.skinny_linear import fast_linears
 from hf_spec.models import load_model
-from hf_spec.verify.cache import crop_cache
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ def near_tie_threshold(dtype: torch.dtype) -> float:
 
 
 def _threshold(model) -> float:
-    from hf_spec.engine.profile import target_profile
+    from hf_spec.engine.target.profile import target_profile
 
     quantized = target_profile(model).int8_rows
     return max(near_tie_threshold(model.dtype), INT8_ACTIVATIONS_NEAR_TIE if quantized else 0.0)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from hf_spec.bench.plots import plot_speedups, write_plots  # noqa: F401 - plot_speedups: re-exported (runner)
 from hf_spec.bench.prompts import spec_bench_group
-from hf_spec.outputs import sum_counts
+from hf_spec.engine.outputs import sum_counts
 
 
 def _mean(xs: list[float]) -> float:

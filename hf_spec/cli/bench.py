@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         run_bench,
         write_outputs,
     )
-    from hf_spec.output_folder import check_output_folder
+    from hf_spec.io.output_folder import check_output_folder
 
     # before any work: a run is not lost at the end to an --out that cannot be written
     check_output_folder(args.out, _holds_bench_results, "bench results folder")

@@ -58,7 +58,7 @@ def run_build(args: argparse.Namespace) -> int:
     from hf_spec.cli.common import set_threads
     from hf_spec.datastore import DatastoreRecipe, build_datastore, save_datastore
     from hf_spec.datastore.store import is_datastore_folder
-    from hf_spec.output_folder import check_output_folder
+    from hf_spec.io.output_folder import check_output_folder
 
     check_output_folder(args.out, is_datastore_folder, "datastore")  # before the build, not after
     if args.recipe:

@@ -52,7 +52,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hf_spec.cli.train_eagle import check_data_options
-    from hf_spec.output_folder import check_output_file
+    from hf_spec.io.output_folder import check_output_file
     from hf_spec.training.head_eval import head_agreement, head_method, load_for_evaluation
 
     check_data_options(args)

@@ -66,11 +66,11 @@ def export_head(
             no layer ids (the EAGLE authors' heads).
         dtype: store the weights in this dtype (default: as they are).
     """
+    from hf_spec.core.hub_ids import resolve_head_folder
     from hf_spec.heads.published import detect_format
     from hf_spec.heads.published.eagle3 import canonical_state, head_config, read_sidecar, verify_folder
     from hf_spec.heads.published.files import read_config, read_weights
     from hf_spec.heads.published.write import eagle1_checkpoint, save_eagle3_head, save_eagle_checkpoint
-    from hf_spec.hub_ids import resolve_head_folder
 
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}: one of {', '.join(FORMATS)}")

@@ -59,8 +59,8 @@ def run(args: argparse.Namespace) -> int:
 
     from hf_spec import SpeculativeDecoder
     from hf_spec.bench.prompts import encode_chat
-    from hf_spec.models.downloads import check_default_target
-    from hf_spec.registry import parse_method
+    from hf_spec.core.specs import parse_method
+    from hf_spec.models.fetch import check_default_target
 
     parse_method(args.method)  # a bad method spec fails before the model loads
     if args.target is None:  # no model named: the default, not downloaded unasked while HF_HUB_OFFLINE is set

@@ -8,7 +8,7 @@ import pkgutil
 import shlex
 import sys
 
-from hf_spec import envs
+from hf_spec.core import envs
 
 # every module of this package but these defines one sub-command with `add_parser(subparsers)`
 _NOT_COMMANDS = {"main", "common", "argtypes"}

@@ -13,8 +13,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hf_spec.config import config_schema
-    from hf_spec.registry import get_method, list_methods
+    from hf_spec.core.config import config_schema
+    from hf_spec.core.registry import get_method, list_methods
 
     for name in list_methods():
         cfg = get_method(name).config_cls
@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _default(f: dataclasses.Field) -> str:
     """A field's default value, whether given as a value or as a factory (a nested config: its method's defaults)."""
-    from hf_spec.config import MethodConfig
+    from hf_spec.core.config import MethodConfig
 
     if f.default is not dataclasses.MISSING:
         return repr(f.default)

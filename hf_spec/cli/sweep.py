@@ -73,8 +73,8 @@ def run_hispec(args: argparse.Namespace) -> int:
         plot_lines,
         write_sweep,
     )
+    from hf_spec.io.output_folder import check_writable_folder
     from hf_spec.methods.hispec.config import HiSpecConfig
-    from hf_spec.output_folder import check_writable_folder
 
     grid = [
         HiSpecConfig(

@@ -166,9 +166,10 @@ def common_train_config(args: argparse.Namespace) -> dict:
 def train_and_save(args: argparse.Namespace, cfg, train_fn, recipe_cls, kind: str, head_cls) -> int:
     """Data (cached answers and features, or a feature store) -> train (resumable; from `--init-from`'s head when
     given) -> Hub-style folder with card and report."""
+    from hf_spec.core.specs import HEAD_IN_THIS_FOLDER
     from hf_spec.heads.card import head_card
-    from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER, save_head_folder
-    from hf_spec.output_folder import check_output_folder, holds_model_type
+    from hf_spec.heads.hub import save_head_folder
+    from hf_spec.io.output_folder import check_output_folder, holds_model_type
     from hf_spec.training.distributed import current_processes
     from hf_spec.training.warm_start import started_from
 

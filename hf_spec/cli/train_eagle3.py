@@ -77,12 +77,13 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from hf_spec.cli.train_eagle import answer_data, check_data_options, default_run_dir, store_data
+    from hf_spec.core.specs import HEAD_IN_THIS_FOLDER
     from hf_spec.heads.card import head_card
-    from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER, write_recipe_and_card
+    from hf_spec.heads.hub import write_recipe_and_card
     from hf_spec.heads.published.eagle3 import SIDECAR, SIDECAR_FORMAT
     from hf_spec.heads.published.write import save_eagle3_head
+    from hf_spec.io.output_folder import check_output_folder
     from hf_spec.methods.eagle3 import Eagle3Config, load_eagle3_head
-    from hf_spec.output_folder import check_output_folder
     from hf_spec.training.distributed import current_processes
     from hf_spec.training.eagle3 import Eagle3TrainConfig, train_eagle3
     from hf_spec.training.features import FeatureStore

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from hf_spec.heads.exits.features import extract_cached
     from hf_spec.heads.exits.model import ExitHeads
     from hf_spec.heads.exits.train import evaluate_heads, timed, train_heads
-    from hf_spec.output_folder import check_output_folder, holds_model_type
+    from hf_spec.io.output_folder import check_output_folder, holds_model_type
     from hf_spec.training.distributed import current_processes
 
     set_threads(args.threads)

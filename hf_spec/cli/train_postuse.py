@@ -21,7 +21,7 @@ from hf_spec.cli.common import (
     load_target,
     set_threads,
 )
-from hf_spec.jsonl import read_json, read_jsonl
+from hf_spec.io.jsonl import read_json, read_jsonl
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -77,9 +77,9 @@ def run(args: argparse.Namespace) -> int:
 
     from hf_spec.bench.prompts import encode_chat
     from hf_spec.decoder import SpeculativeDecoder
+    from hf_spec.io.output_folder import check_output_file
     from hf_spec.methods.postuse.config import PostUseConfig
     from hf_spec.methods.postuse.controller import is_q_table
-    from hf_spec.output_folder import check_output_file
 
     check_output_file(args.out, is_q_table, "Pre-cut Q-table")  # before the training run, not after it
     config = PostUseConfig.from_pretrained(args.config)

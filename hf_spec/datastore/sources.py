@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from hf_spec.engine.placement import input_device
-from hf_spec.jsonl import jsonl_values, read_json, read_jsonl
+from hf_spec.engine.target.placement import input_device
+from hf_spec.io.jsonl import jsonl_values, read_json, read_jsonl
 from hf_spec.models.layers import decoder_parts, run_layers
 from hf_spec.tree.masks import causal_mask
 

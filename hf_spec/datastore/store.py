@@ -6,7 +6,7 @@ On disk (`hf-spec datastore build --out DIR`, or `$HF_SPEC_CACHE/datastores/<key
     meta.json             tokenizer identity, token counts per source, build time, bytes
     tokens.npy            flat int32 token array, -1 between documents
     suffix_array.npy      suffix array of the reversed token array
-    hf_spec_checksums.json   sha256 of the two arrays, written last and checked at load (`hf_spec.integrity`)
+    hf_spec_checksums.json   sha256 of the two arrays, written last and checked at load (`hf_spec.io.integrity`)
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from hf_spec.datastore.sources import (
     read_texts,
     response_documents,
 )
-from hf_spec.integrity import verify_checksums, write_checksums
-from hf_spec.output_folder import check_output_folder
+from hf_spec.io.integrity import verify_checksums, write_checksums
+from hf_spec.io.output_folder import check_output_folder
 
 FORMAT_VERSION = 1
 

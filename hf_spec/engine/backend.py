@@ -1,6 +1,6 @@
 """Kernel backends: which implementation runs the target's and the drafters' forwards, and the round's own work.
 
-A backend is chosen once per target (model, dtype, device; see `hf_spec.engine.profile`) and entered as a context
+A backend is chosen once per target (model, dtype, device; see `hf_spec.engine.target.profile`) and entered as a context
 around the two kinds of forward a round makes:
 
 - `verification(model, screen)`: the one target forward over `[root] + tree`;
@@ -39,8 +39,8 @@ from torch import nn
 if TYPE_CHECKING:
     from transformers import Cache, LogitsProcessorList
 
+    from hf_spec.engine.acceptance import Acceptance
     from hf_spec.tree import DraftTree
-    from hf_spec.verify.acceptance import Acceptance
 
 
 class Backend:
@@ -101,8 +101,8 @@ class Backend:
         return None
 
     def compact_cache(self, cache: Cache, past: int, keep: list[int]) -> None:
-        """Keep the block slots `keep` (relative to `past`) of every cache layer (`hf_spec.verify.cache`)."""
-        from hf_spec.verify.cache import compact_cache
+        """Keep the block slots `keep` (relative to `past`) of every cache layer (`hf_spec.engine.target.cache`)."""
+        from hf_spec.engine.target.cache import compact_cache
 
         compact_cache(cache, past, keep)
 
@@ -219,7 +219,7 @@ class TritonBackend(Backend):
         return tree._cache[key]
 
     def accept(self, tree, logits, prefix, processors, do_sample, generator, want_scores):
-        from hf_spec.verify.acceptance import Acceptance
+        from hf_spec.engine.acceptance import Acceptance
 
         if not do_sample and processors:  # greedy processors see each path's own prefix: the host rule
             return None
@@ -243,7 +243,7 @@ class TritonBackend(Backend):
         return Acceptance(path, bonus, scores, predictions)
 
     def compact_cache(self, cache, past, keep):
-        from hf_spec.verify.cache import cache_layers, compact_cache, crop_cache
+        from hf_spec.engine.target.cache import cache_layers, compact_cache, crop_cache
 
         if keep == list(range(len(keep))):  # a prefix: a crop
             crop_cache(cache, past + len(keep))

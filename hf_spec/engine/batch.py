@@ -17,20 +17,19 @@ import time
 import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 
-from hf_spec.compat import cache_kwargs, passed_cache
-from hf_spec.draft_switch import DraftSwitch
+from hf_spec.core.compat import cache_kwargs, passed_cache
+from hf_spec.core.drafter import Drafter, SpecState, target_forward
 from hf_spec.engine.commit import Committed
-from hf_spec.engine.hidden import select_hidden_states
-from hf_spec.engine.profile import TargetProfile, target_profile
+from hf_spec.engine.draft_switch import DraftSwitch
+from hf_spec.engine.outputs import SpecDecodeOutput, SpecStats
 from hf_spec.engine.round import RoundEngine, Row
 from hf_spec.engine.rows import batch_output, row_inputs
-from hf_spec.methods.base import Drafter, SpecState
-from hf_spec.outputs import SpecDecodeOutput, SpecStats
+from hf_spec.engine.target.cache import cache_layers
+from hf_spec.engine.target.hidden import select_hidden_states
+from hf_spec.engine.target.profile import TargetProfile, target_profile
+from hf_spec.engine.target.windows import target_cache, windowed_mask
 from hf_spec.tree import DraftTree
 from hf_spec.tree.masks import block_mask, prefill_mask
-from hf_spec.verify.cache import cache_layers
-from hf_spec.verify.forward import target_forward
-from hf_spec.verify.windows import target_cache, windowed_mask
 
 # squeeze the cache when more than this share of it (and MIN_HOLES slots) is masked in its fullest row
 HOLE_SHARE = 0.25

@@ -15,9 +15,9 @@ import torch
 from transformers import LogitsProcessorList, StoppingCriteriaList
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
-from hf_spec.outputs import SpecStats
+from hf_spec.engine.acceptance import Acceptance, accept_greedy, accept_greedy_logits, accept_sampling
+from hf_spec.engine.outputs import SpecStats
 from hf_spec.tree import DraftTree
-from hf_spec.verify.acceptance import Acceptance, accept_greedy, accept_greedy_logits, accept_sampling
 
 if TYPE_CHECKING:
     from hf_spec.engine.backend import Backend

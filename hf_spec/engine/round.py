@@ -20,6 +20,7 @@ from typing import Protocol
 import torch
 from transformers import LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 
+from hf_spec.core.drafter import Drafter, RoundResult, SpecState
 from hf_spec.engine.commit import (
     Committed,
     SequenceOutputs,
@@ -28,10 +29,9 @@ from hf_spec.engine.commit import (
     accept,
     commit_tokens,
 )
-from hf_spec.engine.hidden import select_hidden_states
-from hf_spec.engine.profile import TargetProfile
-from hf_spec.methods.base import Drafter, RoundResult, SpecState
-from hf_spec.outputs import SpecStats
+from hf_spec.engine.outputs import SpecStats
+from hf_spec.engine.target.hidden import select_hidden_states
+from hf_spec.engine.target.profile import TargetProfile
 from hf_spec.tree import DraftTree
 
 

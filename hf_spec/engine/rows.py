@@ -30,10 +30,10 @@ from transformers.generation.logits_process import (
     UnbatchedClassifierFreeGuidanceLogitsProcessor,
 )
 
-from hf_spec.compat import GENERATE_CACHE_KEY, passed_cache
-from hf_spec.outputs import SpecDecodeOutput, SpecStats, combine_stats
-from hf_spec.verify.cache import cache_length
-from hf_spec.verify.windows import target_cache
+from hf_spec.core.compat import GENERATE_CACHE_KEY, passed_cache
+from hf_spec.engine.outputs import SpecDecodeOutput, SpecStats, combine_stats
+from hf_spec.engine.target.cache import cache_length
+from hf_spec.engine.target.windows import target_cache
 
 
 class _PaddedProcessors(LogitsProcessorList):

@@ -16,19 +16,19 @@ import torch
 from transformers import LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers import __version__ as transformers_version
 
-from hf_spec.compat import OUTPUT_CACHE_FIELD, cache_kwargs, passed_cache
+from hf_spec.core.compat import OUTPUT_CACHE_FIELD, cache_kwargs, passed_cache
+from hf_spec.core.drafter import Drafter, SpecState
 from hf_spec.engine.commit import Committed
-from hf_spec.engine.hidden import select_hidden_states
-from hf_spec.engine.profile import TargetProfile, target_profile
+from hf_spec.engine.outputs import SpecDecodeOutput, SpecStats
 from hf_spec.engine.round import RoundEngine, Row
-from hf_spec.methods.base import Drafter, SpecState
-from hf_spec.outputs import SpecDecodeOutput, SpecStats
+from hf_spec.engine.target.cache import cache_length, check_rewindable, crop_cache
+from hf_spec.engine.target.check import check_tree_verification
+from hf_spec.engine.target.forward import verification_inputs
+from hf_spec.engine.target.hidden import select_hidden_states
+from hf_spec.engine.target.int8_rows import prompt_forward
+from hf_spec.engine.target.profile import TargetProfile, target_profile
+from hf_spec.engine.target.windows import rewindable_cache
 from hf_spec.tree import DraftTree
-from hf_spec.verify.cache import cache_length, check_rewindable, crop_cache
-from hf_spec.verify.compat import check_tree_verification
-from hf_spec.verify.forward import verification_inputs
-from hf_spec.verify.int8_rows import prompt_forward
-from hf_spec.verify.windows import rewindable_cache
 
 
 class SequenceLayout:
@@ -133,7 +133,7 @@ def _prefill(
         crop_cache(cache, past)
     if input_ids.shape[1] - 1 > past:
         # an LLM.int8 target's rows share outlier columns: it takes the whole prompt in one forward, as `generate`
-        # does, and its last token leaves the cache again (it is the first root; `hf_spec.verify.int8_rows`)
+        # does, and its last token leaves the cache again (it is the first root; `hf_spec.engine.target.int8_rows`)
         whole = target_profile(model).int8_rows
         end = input_ids.shape[1] - (not whole)
         with prompt_forward(model, input_ids.shape[1], record=whole):

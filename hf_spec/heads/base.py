@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
-from hf_spec.compat import cache_kwargs
+from hf_spec.core.compat import cache_kwargs
 from hf_spec.heads.family import build_layer_config, family_classes, layer_config_dict
 from hf_spec.models.fingerprint import check_fingerprint, target_fingerprint
 
@@ -114,7 +114,7 @@ class DraftHeadModel(PreTrainedModel):
 
     def init_layer_from(self, target: PreTrainedModel, index: int = -1) -> None:
         """Start the head's layer from one of the target's layers (a warm start for small training sets)."""
-        from hf_spec.engine.placement import target_placement
+        from hf_spec.engine.target.placement import target_placement
 
         placement = target_placement(target)
         if placement.quantization or placement.offloaded:

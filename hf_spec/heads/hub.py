@@ -6,7 +6,7 @@ configuration_hf_spec.py, modeling_hf_spec.py   thin re-exports of hf_spec's cla
 custom_generate/generate.py   target.generate(..., custom_generate=folder, trust_remote_code=True)
 README.md            model card
 hf_spec_config.json  the decoding recipe (method + this head)
-hf_spec_checksums.json   sha256 of the weights, written last and checked at load (`hf_spec.integrity`)
+hf_spec_checksums.json   sha256 of the weights, written last and checked at load (`hf_spec.io.integrity`)
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from hf_spec.config import MethodConfig
-from hf_spec.integrity import weight_files, write_checksums
-from hf_spec.output_folder import check_output_folder, holds_model_type
+from hf_spec.core.config import MethodConfig
+from hf_spec.io.integrity import weight_files, write_checksums
+from hf_spec.io.output_folder import check_output_folder, holds_model_type
 
 _REEXPORT = '''"""Re-exports hf-spec's {kind} classes for `trust_remote_code` loading. Requires `pip install hf-spec`."""
 
@@ -38,7 +38,6 @@ def generate(model, **kwargs):
     return generate_with_recipe(model, RECIPE, **kwargs)
 '''
 
-HEAD_IN_THIS_FOLDER = "."  # a recipe's head path meaning "the folder custom_generate was loaded from"
 
 # custom_generate/requirements.txt, checked by transformers before it runs the folder's generate.py; on a CUDA
 # target hf-spec runs the round's Triton kernels (its `triton` backend), on the CPU its CPU kernels

@@ -33,7 +33,7 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
-from hf_spec import envs
+from hf_spec.core import envs
 
 logger = logging.getLogger(__name__)
 

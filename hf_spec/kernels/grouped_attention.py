@@ -27,7 +27,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from hf_spec import envs
+from hf_spec.core import envs
 
 NAME = "hf_spec_grouped"
 MAX_QUERY_ROWS = 64  # beyond (prefill) torch's flash kernel is the better choice

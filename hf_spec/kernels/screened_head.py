@@ -51,7 +51,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hf_spec import envs
+from hf_spec.core import envs
 from hf_spec.kernels import cpu_skinny_gemm
 from hf_spec.kernels.skinny_linear import BF16_MAX_ROWS, bf16_kernel_rows, skinny_linear
 

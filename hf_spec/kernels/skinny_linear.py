@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hf_spec import envs
+from hf_spec.core import envs
 from hf_spec.kernels import cpu_skinny_gemm
 
 KERNEL_MIN_ROWS, KERNEL_MAX_ROWS = 2, 32  # C++ kernel (when it builds)

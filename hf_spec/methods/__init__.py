@@ -1,12 +1,3 @@
-"""Built-in methods: every sub-package registers itself on import (`register_method` in its `__init__`)."""
-
-import importlib
-import pkgutil
-
-from hf_spec.methods.base import Drafter, RoundResult, SpecState
-
-for _info in pkgutil.iter_modules(__path__):
-    if _info.ispkg:
-        importlib.import_module(f"{__name__}.{_info.name}")
-
-__all__ = ["Drafter", "RoundResult", "SpecState"]
+"""Built-in methods, one package each: `config.py`, `drafter.py` and whatever else the method needs, registered
+in the package's `__init__` (`register_method`). `hf_spec.core.registry` imports a package the first time its method
+is asked for, so importing one method (or the engine) imports no other."""

@@ -12,19 +12,19 @@ from collections.abc import Iterator
 import torch
 from transformers import DynamicCache
 
-from hf_spec.config import MethodConfig, read_config
-from hf_spec.engine.profile import target_profile
+from hf_spec.core.config import MethodConfig, read_config
+from hf_spec.core.drafter import Drafter, RoundResult, SpecState
+from hf_spec.core.hub_ids import HEAD_CONFIG_FILES, resolve_folder, resolve_head_folder
+from hf_spec.core.specs import HEAD_IN_THIS_FOLDER
+from hf_spec.engine.target.cache import cache_length
+from hf_spec.engine.target.profile import target_profile
 from hf_spec.heads.base import DraftHeadModel
 from hf_spec.heads.features import unit_features
-from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER
 from hf_spec.heads.published import load_published_head
-from hf_spec.hub_ids import HEAD_CONFIG_FILES, resolve_folder, resolve_head_folder
-from hf_spec.integrity import check_finite, verify_checksums
+from hf_spec.io.integrity import check_finite, verify_checksums
 from hf_spec.kernels.skinny_linear import skinny_linear
 from hf_spec.kernels.weight_only import QuantizedWeight, quantize_linears
-from hf_spec.methods.base import Drafter, RoundResult, SpecState
 from hf_spec.tree.masks import causal_mask
-from hf_spec.verify.cache import cache_length
 
 
 def load_draft_head(head_cls: type[DraftHeadModel], path: str, target, method: str) -> DraftHeadModel:

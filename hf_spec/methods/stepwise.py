@@ -24,7 +24,7 @@ import torch
 from hf_spec.tree.masks import step_inputs
 
 if TYPE_CHECKING:
-    from hf_spec.methods.base import SpecState
+    from hf_spec.core.drafter import SpecState
 
 
 @dataclass
@@ -112,7 +112,7 @@ class StepwiseDrafter:
             self._step_branch_at = []
 
     def _step_where(self) -> tuple[torch.dtype, torch.device]:
-        from hf_spec.engine.placement import input_device
+        from hf_spec.engine.target.placement import input_device
 
         # the target's (where its forward takes inputs: an offloaded weight is a `meta` placeholder); drafters
         # override when they differ

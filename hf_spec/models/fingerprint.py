@@ -24,7 +24,7 @@ def _row_stats(weight: torch.Tensor) -> list[float]:
 @torch.no_grad()
 def target_fingerprint(model: PreTrainedModel) -> dict[str, Any]:
     """`{"model_type", "hidden_size", "vocab_size", "num_hidden_layers", "signature"}` of `model`."""
-    from hf_spec.engine.placement import resident_weight
+    from hf_spec.engine.target.placement import resident_weight
 
     config = model.config
     embedding = resident_weight(model.get_input_embeddings(), "the target's fingerprint reads its embedding")

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 from transformers import Cache, PreTrainedModel
 
-from hf_spec.compat import cache_kwargs
-from hf_spec.verify.windows import attention_windows
+from hf_spec.core.compat import cache_kwargs
+from hf_spec.engine.target.windows import attention_windows
 
 
 @dataclass
@@ -100,7 +100,7 @@ def check_layerwise_forward(model: PreTrainedModel, parts: DecoderParts, method:
     tokens, up to float rounding). A method whose *target* logits come from `run_layers` (HiSpec's last stage)
     would otherwise change the output of a model that scales its embeddings, residuals or logits outside those
     modules (Granite's multipliers, Gemma 2's logit soft-capping, ...)."""
-    from hf_spec.engine.placement import input_device
+    from hf_spec.engine.target.placement import input_device
     from hf_spec.tree.masks import causal_mask
 
     device = input_device(model)  # an offloaded embedding's weight is a `meta` placeholder

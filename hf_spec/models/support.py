@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
+from hf_spec.engine.target.check import check_tree_verification
+from hf_spec.engine.target.windows import attention_windows
 from hf_spec.kernels.screened_head import int8_x_applies, max_screened_rows, screening_applies
 from hf_spec.models.layers import check_layerwise_forward, decoder_parts
-from hf_spec.verify.compat import check_tree_verification
-from hf_spec.verify.windows import attention_windows
 
 
 def _attention(model: PreTrainedModel) -> str:

@@ -32,7 +32,7 @@ from safetensors import safe_open
 from tqdm.auto import tqdm
 
 from hf_spec.heads.features import unit_features
-from hf_spec.integrity import save_tensors
+from hf_spec.io.integrity import save_tensors
 from hf_spec.models.fingerprint import target_fingerprint
 from hf_spec.models.layers import decoder_parts
 from hf_spec.training.responses import Conversation, default_data_dir

@@ -22,7 +22,7 @@ def head_method(head_path: str) -> str | None:
     import json
     from pathlib import Path
 
-    from hf_spec.hub_ids import HEAD_CONFIG_FILES, resolve_folder
+    from hf_spec.core.hub_ids import HEAD_CONFIG_FILES, resolve_folder
 
     folder = Path(resolve_folder(head_path, "head", HEAD_CONFIG_FILES))
 
@@ -114,7 +114,7 @@ def _trainee(method: str, head: Any, target, depths: int, max_len: int):
 def held_out_from_training(head: str, ids: list[str]) -> bool:
     """Whether the training report saved with `head` (and with every head it was trained on from) lists `ids`
     among its held-out sequences."""
-    from hf_spec.hub_ids import resolve_head_folder
+    from hf_spec.core.hub_ids import resolve_head_folder
     from hf_spec.training.warm_start import saved_training_report
 
     report = saved_training_report(resolve_head_folder(head, "head"))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ctypes
 import platform
 
-from hf_spec import envs
+from hf_spec.core import envs
 
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # mallopt parameters (glibc's malloc.h)
 _INT_MAX = 2**31 - 1  # mallopt takes an int: never trim a free heap top below 2 GiB

@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from hf_spec.jsonl import jsonl_values, read_json
+from hf_spec.io.jsonl import jsonl_values, read_json
 
 # names of the benchmark prompt sets (and any file under an `eval` folder); training on them is refused
 EVAL_SET_NAMES = ("spec_bench", "humaneval", "gsm8k", "alpaca_80", "mt_bench")

@@ -60,7 +60,7 @@ def started_from(init_from: str | None) -> dict[str, Any]:
     the start head, absent for heads trained elsewhere); `{}` without `--init-from`."""
     if not init_from:
         return {}
-    from hf_spec.hub_ids import resolve_head_folder
+    from hf_spec.core.hub_ids import resolve_head_folder
 
     report = saved_training_report(resolve_head_folder(init_from, "head"))
     entry: dict[str, Any] = {"head": init_from}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from hf_spec.jsonl import jsonl_values, read_json, read_jsonl
+from hf_spec.io.jsonl import jsonl_values, read_json, read_jsonl
 
 
 def load_training_rows(path: str | os.PathLike) -> list[dict]:

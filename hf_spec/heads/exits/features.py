@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import PreTrainedModel
 
-from hf_spec.integrity import save_tensors
+from hf_spec.io.integrity import save_tensors
 
 Progress = Callable[..., object] | None  # tqdm-like factory: progress(total=..., desc=...)
 

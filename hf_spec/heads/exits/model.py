@@ -18,14 +18,14 @@ from safetensors.torch import load_file
 from torch import nn
 from transformers import PreTrainedModel
 
+from hf_spec.core.hub_ids import resolve_folder
 from hf_spec.heads.exits.config import MODEL_TYPE, ExitHeadsConfig
-from hf_spec.hub_ids import resolve_folder
-from hf_spec.integrity import check_finite, save_tensors, verify_checksums, write_checksums
+from hf_spec.io.integrity import check_finite, save_tensors, verify_checksums, write_checksums
+from hf_spec.io.output_folder import check_output_folder, holds_model_type
 from hf_spec.kernels.skinny_linear import skinny_linear
 from hf_spec.kernels.weight_only import QuantizedWeight
 from hf_spec.models.fingerprint import check_fingerprint, target_fingerprint
 from hf_spec.models.layers import DecoderParts, decoder_parts
-from hf_spec.output_folder import check_output_folder, holds_model_type
 
 WEIGHTS_NAME = "model.safetensors"
 
@@ -173,7 +173,7 @@ class ExitLM:
     def quantize_head(self) -> None:
         """Compute the exit logits with an int8 copy of the LM-head rows used (drafts only: never the final
         verification's logits)."""
-        from hf_spec.engine.placement import resident_weight
+        from hf_spec.engine.target.placement import resident_weight
 
         weight = self.vocab_weight
         if weight is None:

@@ -32,7 +32,7 @@ from hf_spec.heads.published.compat import check_fits_target
 from hf_spec.heads.published.eagle import load_checked
 from hf_spec.heads.published.eagle3_model import Eagle3Head, Eagle3HeadConfig, default_hidden_state_indices
 from hf_spec.heads.published.files import read_config, read_weights
-from hf_spec.integrity import CHECKSUM_FILE, check_finite, verify_checksums
+from hf_spec.io.integrity import CHECKSUM_FILE, check_finite, verify_checksums
 from hf_spec.models.fingerprint import check_fingerprint
 
 SIDECAR = "hf_spec.json"  # hf-spec's metadata next to a head it wrote (format version, target fingerprint)

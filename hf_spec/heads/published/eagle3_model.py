@@ -38,7 +38,7 @@ from transformers.models.llama.modeling_llama import (
     LlamaRotaryEmbedding,
 )
 
-from hf_spec.compat import cache_kwargs
+from hf_spec.core.compat import cache_kwargs
 
 
 def default_hidden_state_indices(num_layers: int) -> tuple[int, ...]:

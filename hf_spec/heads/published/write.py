@@ -10,7 +10,7 @@ hf-spec's own EAGLE-3 head folder (the contract `hf-spec train eagle3` writes an
                          head has its own)
     hf_spec.json         {"format": "hf_spec_eagle3", "format_version": 1, "layout", "hidden_state_indices",
                          "target": the target's fingerprint (when known), ...metadata}
-    hf_spec_checksums.json   sha256 of the weights, written last and checked at load (`hf_spec.integrity`)
+    hf_spec_checksums.json   sha256 of the weights, written last and checked at load (`hf_spec.io.integrity`)
 
 Every folder written here gets the checksum list (engines ignore the extra file); an `eagle1`-layout hf-spec
 EAGLE head (`hf-spec train eagle --architecture eagle1`) is written in the EAGLE authors' layout
@@ -30,7 +30,7 @@ from transformers import PreTrainedModel
 from hf_spec.heads.eagle.eagle1 import EAGLE1, config_of_layer
 from hf_spec.heads.published.eagle3 import SIDECAR, SIDECAR_FORMAT, SIDECAR_VERSION
 from hf_spec.heads.published.eagle3_model import Eagle3Head, Eagle3HeadConfig
-from hf_spec.integrity import CHECKSUM_FILE, save_tensors, write_checksums
+from hf_spec.io.integrity import CHECKSUM_FILE, save_tensors, write_checksums
 from hf_spec.models.fingerprint import target_fingerprint
 
 Eagle3Layout = Literal["sglang", "vllm"]

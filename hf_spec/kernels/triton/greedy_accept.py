@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hf_spec.verify.acceptance import greedy_walk
+from hf_spec.engine.acceptance import greedy_walk
 
 CHUNK = 2048  # vocabulary entries per program of the argmax pass
 BLOCK = 512  # entries a program reads at once

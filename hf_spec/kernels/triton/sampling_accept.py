@@ -23,8 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from hf_spec.engine.acceptance import accept_sampling
 from hf_spec.tree import DraftTree
-from hf_spec.verify.acceptance import accept_sampling
 
 CHUNK = 2048  # vocabulary entries per program of the softmax statistics and the residual
 BLOCK = 512

@@ -6,14 +6,14 @@ from collections.abc import Iterator
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from hf_spec.compat import cache_kwargs
-from hf_spec.engine.profile import target_profile
-from hf_spec.methods.base import Drafter, RoundResult, SpecState
+from hf_spec.core.compat import cache_kwargs
+from hf_spec.core.drafter import Drafter, RoundResult, SpecState
+from hf_spec.engine.target.cache import compact_cache, crop_cache
+from hf_spec.engine.target.profile import target_profile
+from hf_spec.engine.target.windows import sequence_mask, target_cache
 from hf_spec.methods.draft_model.config import DraftModelConfig
 from hf_spec.methods.stepwise import StepwiseDrafter
 from hf_spec.tree.draft_tree import DraftTree
-from hf_spec.verify.cache import compact_cache, crop_cache
-from hf_spec.verify.windows import sequence_mask, target_cache
 
 
 def load_draft_model(name_or_path: str | None, target: PreTrainedModel) -> PreTrainedModel:

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import torch
 
+from hf_spec.core.drafter import SpecState
+from hf_spec.engine.target.cache import cache_length, crop_cache
 from hf_spec.heads.eagle.modeling import EagleHeadModel
-from hf_spec.methods.base import SpecState
 from hf_spec.methods.eagle.config import EagleConfig
 from hf_spec.methods.eagle.stepper import EagleStepper
 from hf_spec.methods.head_drafter import HeadDrafter, load_draft_head
 from hf_spec.tree.draft_tree import DraftTree
 from hf_spec.tree.masks import level_mask
 from hf_spec.tree.scored import ScoredTree, prune_scored
-from hf_spec.verify.cache import cache_length, crop_cache
 
 
 def load_head(path: str, target) -> EagleHeadModel:

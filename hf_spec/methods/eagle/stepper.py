@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from hf_spec.methods.base import SpecState
+from hf_spec.core.drafter import SpecState
+from hf_spec.engine.target.cache import cache_length, compact_cache, crop_cache
 from hf_spec.methods.stepwise import DraftStep, StepwiseDrafter
 from hf_spec.tree.masks import causal_mask, level_mask
-from hf_spec.verify.cache import cache_length, compact_cache, crop_cache
 
 
 class EagleStepper(StepwiseDrafter):

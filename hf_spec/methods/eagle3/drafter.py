@@ -12,11 +12,11 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from hf_spec.core.hub_ids import resolve_head_folder
 from hf_spec.heads.eagle.eagle1 import PublishedParts
 from hf_spec.heads.published import load_published_head
 from hf_spec.heads.published.eagle3 import check_head_fits, place_on_target
 from hf_spec.heads.published.eagle3_model import Eagle3Head
-from hf_spec.hub_ids import resolve_head_folder
 from hf_spec.methods.eagle.drafter import EagleDrafter
 from hf_spec.methods.eagle3.config import Eagle3Config
 

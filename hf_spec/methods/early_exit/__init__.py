@@ -1,5 +1,5 @@
+from hf_spec.core.registry import register_method
 from hf_spec.methods.early_exit.config import EarlyExitConfig
 from hf_spec.methods.early_exit.drafter import EarlyExitDrafter
-from hf_spec.registry import register_method
 
 register_method("early-exit", EarlyExitConfig, EarlyExitDrafter)

@@ -6,14 +6,14 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from hf_spec.core.drafter import Drafter, SpecState
+from hf_spec.engine.target.cache import cache_length, compact_cache, crop_cache
 from hf_spec.heads.exits.model import ExitLM, load_exit_lm
 from hf_spec.kernels.weight_only import QuantizedWeight, draft_linears, quantize_linears
-from hf_spec.methods.base import Drafter, SpecState
 from hf_spec.methods.early_exit.config import EarlyExitConfig
 from hf_spec.methods.stepwise import StepwiseDrafter
 from hf_spec.models.layers import DecoderParts, decoder_parts, run_layers
 from hf_spec.tree.draft_tree import DraftTree
-from hf_spec.verify.cache import cache_length, compact_cache, crop_cache
 
 
 def quantize_draft_layers(

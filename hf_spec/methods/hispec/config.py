@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hf_spec.config import MethodConfig
+from hf_spec.core.config import MethodConfig
 from hf_spec.methods.early_exit.config import ExitHeadsOptions
 
 

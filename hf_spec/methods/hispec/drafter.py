@@ -33,13 +33,13 @@ from dataclasses import dataclass, field
 import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from hf_spec.core.drafter import Drafter, RoundResult, SpecState
+from hf_spec.engine.target.cache import cache_length, crop_cache
 from hf_spec.heads.exits.model import load_exit_lm
-from hf_spec.methods.base import Drafter, RoundResult, SpecState
 from hf_spec.methods.hispec.config import HiSpecConfig
 from hf_spec.models.layers import check_layerwise_forward, decoder_parts, run_layers
 from hf_spec.tree.draft_tree import DraftTree
 from hf_spec.tree.masks import causal_mask
-from hf_spec.verify.cache import cache_length, crop_cache
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from hf_spec.config import MethodConfig, QuantizeScheme
+from hf_spec.core.config import MethodConfig, QuantizeScheme
 
 
 @dataclass

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import torch
 
-from hf_spec.methods.base import Drafter, SpecState
+from hf_spec.core.drafter import Drafter, SpecState
 from hf_spec.methods.oracle.config import OracleConfig
 from hf_spec.tree.draft_tree import DraftTree
 

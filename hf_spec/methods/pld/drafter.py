@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from hf_spec.methods.base import Drafter, SpecState
+from hf_spec.core.drafter import Drafter, SpecState
 from hf_spec.methods.pld.config import PLDConfig
 from hf_spec.methods.pld.ngram_matcher import find_continuations
 from hf_spec.tree.draft_tree import DraftTree

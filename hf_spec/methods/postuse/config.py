@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from hf_spec.config import MethodConfig
+from hf_spec.core.config import MethodConfig
 
 
 @dataclass
@@ -40,7 +40,7 @@ class PostUseConfig(MethodConfig):
         target_phrases: cached phrases per anchor at verification.
         max_tree_nodes: verification budget (draft + cached nodes); 0: measured at the first generation, the
             largest tree up to `auto_tree_max` nodes whose verification costs at most `auto_tree_tolerance` times
-            a one-node one (`hf_spec.verify.forward.flat_tree_budget`; 5 where the loop verifies no tree of ours:
+            a one-node one (`hf_spec.engine.target.forward.flat_tree_budget`; 5 where the loop verifies no tree of ours:
             batched rows, transformers' assisted loop). Where verifying more nodes costs nothing extra that is
             `auto_tree_max`; where each node adds to the verification, less.
         auto_tree_max / auto_tree_tolerance: the largest tree measured, and the cost allowed over one node.

@@ -33,7 +33,7 @@ import os
 import random
 from pathlib import Path
 
-from hf_spec.integrity import verify_json_checksum, with_json_checksum, write_json_atomic
+from hf_spec.io.integrity import verify_json_checksum, with_json_checksum, write_json_atomic
 
 CONTINUE, STOP = 0, 1
 FORMAT = "hf-spec-precut-qtable"

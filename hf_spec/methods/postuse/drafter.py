@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hf_spec.config import MethodConfig
-from hf_spec.methods.base import Drafter, RoundResult, SpecState, check_wrappable
+from hf_spec.core.config import MethodConfig
+from hf_spec.core.drafter import Drafter, RoundResult, SpecState, check_wrappable
+from hf_spec.engine.target.forward import measured_tree_budget
 from hf_spec.methods.postuse.branches import agreeing_runs, windows
 from hf_spec.methods.postuse.config import PostUseConfig
 from hf_spec.methods.postuse.controller import PreCutController
@@ -16,7 +17,6 @@ from hf_spec.methods.postuse.token_cache import TokenCache
 from hf_spec.methods.stepwise import DraftStep, StepwiseDrafter
 from hf_spec.tree.draft_tree import DraftTree
 from hf_spec.tree.fusion import graft
-from hf_spec.verify.forward import measured_tree_budget
 
 EMA = 0.05  # smoothing of the measured draft-call and verification times
 # `max_tree_nodes: 0` where the loop verifies no tree of ours (batched rows, transformers' assisted loop)
@@ -58,7 +58,8 @@ class PostUseRound:
 
 def build_drafter(spec: str | MethodConfig, model, tokenizer=None) -> Drafter:
     """The wrapped drafter from a method spec (`"early-exit:20"`) or a method config."""
-    from hf_spec.registry import get_method, parse_method
+    from hf_spec.core.registry import get_method
+    from hf_spec.core.specs import parse_method
 
     config = parse_method(spec)
     if config.method == "postuse":

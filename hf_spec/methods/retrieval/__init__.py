@@ -1,5 +1,5 @@
+from hf_spec.core.registry import register_method
 from hf_spec.methods.retrieval.config import RetrievalConfig
 from hf_spec.methods.retrieval.drafter import RetrievalDrafter
-from hf_spec.registry import register_method
 
 register_method("retrieval", RetrievalConfig, RetrievalDrafter)

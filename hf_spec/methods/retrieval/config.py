@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hf_spec.config import MethodConfig
+from hf_spec.core.config import MethodConfig
 
 
 @dataclass
@@ -39,7 +39,7 @@ class RetrievalConfig(MethodConfig):
             chain's length + this, at most `max_nodes`).
         auto_nodes: fit `max_nodes` to this machine: the first generation (batch size 1, hf-spec's loop) times
             verifications of 1..`max_nodes` nodes on its own cache and keeps the largest tree that costs at most
-            `auto_nodes_tolerance` x one node's verification (`hf_spec.verify.forward.flat_tree_budget`); later
+            `auto_nodes_tolerance` x one node's verification (`hf_spec.engine.target.forward.flat_tree_budget`); later
             generations reuse it. `long_nodes` stays as set (copied text pays for deep trees). Where verifying
             more nodes costs nothing extra that is `max_nodes`; where each node adds to the verification, less.
         auto_nodes_tolerance: cost allowed over one node's verification (>= 1).

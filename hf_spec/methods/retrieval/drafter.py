@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from hf_spec.methods.base import Drafter, SpecState
+from hf_spec.core.drafter import Drafter, SpecState
 from hf_spec.methods.retrieval.config import RetrievalConfig
 from hf_spec.methods.retrieval.retriever import Retriever
 from hf_spec.tree.draft_tree import DraftTree

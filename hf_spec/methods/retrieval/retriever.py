@@ -9,11 +9,11 @@ import numpy as np
 from hf_spec.datastore import Datastore, DatastoreRecipe, Matches, get_datastore, scan_search
 from hf_spec.datastore.index import SEP
 from hf_spec.datastore.store import tokenizer_id
+from hf_spec.engine.target.forward import measured_tree_budget
 from hf_spec.methods.pld.ngram_matcher import first_continuation
 from hf_spec.methods.retrieval.config import RetrievalConfig
 from hf_spec.tree.draft_tree import DraftTree
 from hf_spec.tree.retrieval import retrieval_tree
-from hf_spec.verify.forward import measured_tree_budget
 
 _LOADED: dict[tuple, Datastore] = {}  # one loaded datastore per (recipe key or path), shared by drafters
 

@@ -1,5 +1,5 @@
+from hf_spec.core.registry import register_method
 from hf_spec.methods.talon.config import TalonConfig
 from hf_spec.methods.talon.drafter import TalonDrafter
-from hf_spec.registry import register_method
 
 register_method("talon", TalonConfig, TalonDrafter)

@@ -15,11 +15,11 @@ from torch import nn
 from transformers import DynamicCache
 
 from hf_spec.datastore.sources import ExitHead
-from hf_spec.engine.placement import input_device
+from hf_spec.engine.target.cache import crop_cache
+from hf_spec.engine.target.placement import input_device
 from hf_spec.kernels.weight_only import QuantizedWeight, draft_linears
 from hf_spec.models.layers import decoder_parts, run_layers
 from hf_spec.tree.masks import causal_mask
-from hf_spec.verify.cache import crop_cache
 
 
 class ExitChain:

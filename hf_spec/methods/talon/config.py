@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from hf_spec.config import MethodConfig
+from hf_spec.core.config import MethodConfig
 from hf_spec.methods.retrieval.config import RetrievalConfig
 
 
@@ -150,7 +150,7 @@ class TalonConfig(MethodConfig):
     def drafter_config(self) -> MethodConfig | None:
         """The model drafter's config (a method spec parsed by the registry), or None without a model half."""
         if isinstance(self.drafter, str):
-            from hf_spec.registry import parse_method
+            from hf_spec.core.specs import parse_method
 
             return parse_method(self.drafter)
         return self.drafter

@@ -10,8 +10,10 @@ from typing import NamedTuple
 
 import torch
 
+from hf_spec.core.drafter import Drafter, RoundResult, SpecState, check_wrappable
+from hf_spec.core.registry import get_method
+from hf_spec.engine.target.cache import cache_length, crop_cache
 from hf_spec.kernels.screened_head import max_screened_rows
-from hf_spec.methods.base import Drafter, RoundResult, SpecState, check_wrappable
 from hf_spec.methods.early_exit.config import EarlyExitConfig
 from hf_spec.methods.early_exit.drafter import exit_draft_parts
 from hf_spec.methods.retrieval.retriever import Retriever
@@ -20,10 +22,8 @@ from hf_spec.methods.talon.config import TalonConfig
 from hf_spec.methods.talon.overlap import DraftWorker
 from hf_spec.methods.talon.preverify import PreVerified, finish_verification, pre_verify
 from hf_spec.methods.talon.switch import CostAwareSwitch, RunningMean
-from hf_spec.registry import get_method
 from hf_spec.tree.draft_tree import DraftTree
 from hf_spec.tree.fusion import fuse_trees, fused_path, graft, matched_depth
-from hf_spec.verify.cache import cache_length, crop_cache
 
 
 def _step_nodes(model) -> int:

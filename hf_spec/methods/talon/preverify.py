@@ -16,12 +16,12 @@ from dataclasses import dataclass
 import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from hf_spec.compat import cache_kwargs
-from hf_spec.engine.profile import target_profile
+from hf_spec.core.compat import cache_kwargs
+from hf_spec.engine.target.cache import cache_length, compact_cache
+from hf_spec.engine.target.profile import target_profile
+from hf_spec.engine.target.windows import sequence_mask, windowed_mask
 from hf_spec.tree.draft_tree import DraftTree
 from hf_spec.tree.masks import additive_mask, tree_attention_mask, tree_position_ids
-from hf_spec.verify.cache import cache_length, compact_cache
-from hf_spec.verify.windows import sequence_mask, windowed_mask
 
 
 @dataclass

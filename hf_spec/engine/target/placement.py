@@ -6,7 +6,7 @@ the kernel backend from it: hf-spec's CPU kernels read `nn.Linear` weights direc
 weight is a plain tensor resident on the CPU (an offloaded weight is a `meta` placeholder that accelerate's hooks
 fill in for each forward; a torchao weight is a tensor subclass). An LLM.int8 target whose rows share outlier
 columns gets its linears computed row by row inside the backend's contexts (`Int8RowsBackend`,
-`hf_spec.verify.int8_rows`).
+`hf_spec.engine.target.int8_rows`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from hf_spec.engine.backend import Backend
-from hf_spec.verify.int8_rows import outlier_layers, row_local_int8
+from hf_spec.engine.target.int8_rows import outlier_layers, row_local_int8
 
 _PLACEMENT_KEY = "_hf_spec_placement"
 
@@ -143,7 +143,7 @@ def resident_weight(module: nn.Module, what: str) -> torch.Tensor:
 
 class Int8RowsBackend(Backend):
     """Another backend's kernels, with the target's LLM.int8 layers computed row by row in the verification and
-    drafting forwards (`hf_spec.verify.int8_rows`); plain decoding stays bitsandbytes' own, as in `generate`."""
+    drafting forwards (`hf_spec.engine.target.int8_rows`); plain decoding stays bitsandbytes' own, as in `generate`."""
 
     def __init__(self, inner: Backend) -> None:
         self.inner = inner

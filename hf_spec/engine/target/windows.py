@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from hf_spec.compat import layer_types_and_kwargs
+from hf_spec.core.compat import layer_types_and_kwargs
 
 SUPPORTED = ("full_attention", "sliding_attention")
 # the config fields transformers derives layer types and windows from
@@ -109,7 +109,7 @@ def sequence_mask(
 
 def rewindable_cache(model: PreTrainedModel, cache):
     """`cache`, or for the empty sliding-window `DynamicCache` that `generate` builds for such a model,
-    `target_cache(model)` in its place (a filled one cannot be converted: `hf_spec.verify.cache` refuses it)."""
+    `target_cache(model)` in its place (a filled one cannot be converted: `hf_spec.engine.target.cache` refuses it)."""
     layers = getattr(cache, "layers", None)
     if (
         isinstance(cache, DynamicCache)

@@ -19,13 +19,13 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from hf_spec import envs
-from hf_spec.compat import cache_kwargs
-from hf_spec.engine.profile import target_profile
+from hf_spec.core import envs
+from hf_spec.core.compat import cache_kwargs
+from hf_spec.engine.target.cache import crop_cache
+from hf_spec.engine.target.profile import target_profile
+from hf_spec.engine.target.windows import sequence_mask, target_cache
 from hf_spec.tree.draft_tree import DraftTree
 from hf_spec.tree.masks import tree_attention_mask, tree_position_ids
-from hf_spec.verify.cache import crop_cache
-from hf_spec.verify.windows import sequence_mask, target_cache
 
 # of the logits' range; a tree forward and a plain one round differently (bfloat16: 1.5-1.8% on SmolLM2 and Qwen)
 TOLERANCE = {torch.float32: 0.02, torch.float64: 0.02}

@@ -109,34 +109,3 @@ def _snapshot(repo: str, revision: str | None, what: str, name: str, allow_patte
         ) from None
     except errors.HfHubHTTPError as err:
         raise HubIdError(f"{what} {name!r}: the Hub refused {at}: {err}") from None
-
-
-def config_from_hub(spec: str, method_cls: type | None = None):
-    """The hf-spec config saved in the Hub repo `spec` names (its `hf_spec_config.json`: a saved recipe, a
-    `custom_generate` folder, a head folder), as a `MethodConfig`; None when `spec` is no Hub id or when
-    `method_cls` takes a path of its own as its main argument (a model, a datastore, a head), which its
-    `from_cli_arg` resolves. A head folder's own recipe (`"head": "."`) names the repo itself."""
-    from hf_spec.config import CONFIG_NAME, config_schema, read_config
-    from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER
-
-    if parse_hub_id(spec) is None:
-        return None
-    if method_cls is not None and method_cls.main_arg is not None:
-        main = config_schema(method_cls)[method_cls.main_arg]  # a path field: `str` or `str | None`
-        if main.kinds == (str,) and main.nested is None:
-            return None
-    folder = resolve_folder(spec, "hf-spec config", [CONFIG_NAME, "custom_generate/*"])
-    try:
-        data = read_config(folder)
-    except FileNotFoundError:
-        raise HubIdError(
-            f"hf-spec config {spec!r}: the Hub repo holds no {CONFIG_NAME} (a published head? name its method: "
-            f"eagle:{spec})"
-        ) from None
-    if data.get("head") == HEAD_IN_THIS_FOLDER:
-        data["head"] = spec
-    if method_cls is None:
-        from hf_spec.registry import get_method
-
-        method_cls = get_method(data.get("method", "")).config_cls
-    return method_cls.from_dict(data)

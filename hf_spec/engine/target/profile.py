@@ -3,7 +3,7 @@
 A round asks the same questions of the target every time: which layers slide, by what name its forward takes the
 cache, whether its attention dispatches by name (so the grouped-attention kernel may replace `sdpa`), which kernel
 backend runs it, whether its LM head may be screened, how its weights are stored and placed (quantized, offloaded:
-`hf_spec.engine.placement`). `target_profile(model)` answers them once and keeps the
+`hf_spec.engine.target.placement`). `target_profile(model)` answers them once and keeps the
 answers on the model, recomputed when the model's dtype, device, attention config or an `HF_SPEC_*` setting they
 depend on changes.
 """
@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from hf_spec import envs
-from hf_spec.compat import forward_cache_name
+from hf_spec.core import envs
+from hf_spec.core.compat import forward_cache_name
 from hf_spec.engine.backend import Backend, TorchBackend, backend_for
-from hf_spec.engine.placement import Int8RowsBackend, TargetPlacement, input_device, target_placement
-from hf_spec.verify.windows import attention_windows
+from hf_spec.engine.target.placement import Int8RowsBackend, TargetPlacement, input_device, target_placement
+from hf_spec.engine.target.windows import attention_windows
 
 _PROFILE_KEY = "_hf_spec_profile"
 
@@ -50,7 +50,7 @@ class TargetProfile:
     @property
     def int8_rows(self) -> bool:
         """The target's LLM.int8 layers pick outlier columns over all rows of a forward: the prefill takes the
-        whole prompt, as `generate` does (`hf_spec.verify.int8_rows`)."""
+        whole prompt, as `generate` does (`hf_spec.engine.target.int8_rows`)."""
         return self.placement.int8_rows
 
     @property

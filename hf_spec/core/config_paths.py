@@ -1,4 +1,4 @@
-"""Relative paths in a config file are read from the config's folder (see `hf_spec.config`).
+"""Relative paths in a config file are read from the config's folder (see `hf_spec.core.config`).
 
 Which values are paths is read from the values themselves, so a method's config declares nothing: a string field
 without fixed choices, a string inside a list or dict field (a datastore recipe's sources), or the argument of a
@@ -9,14 +9,12 @@ values) are left alone. A path written as one that exists nowhere is an error na
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from hf_spec.config import MethodConfig
+from hf_spec.core.registry import is_method
 
 logger = logging.getLogger(__name__)
 
@@ -58,48 +56,20 @@ def resolve_path(value: str, source: Path, field: str) -> str:
 def resolve_spec(spec: str, source: Path, field: str) -> str:
     """A method spec with its path argument resolved: `"eagle:hass.json"` -> `"eagle:/abs/hass.json"`; a spec that
     is a path itself (a config file or folder) is resolved as a path."""
-    from hf_spec.registry import list_methods
-
     name, sep, arg = spec.partition(":")
-    if sep and name in list_methods():
+    if sep and is_method(name):
         return f"{name}:{resolve_spec(arg, source, field)}" if arg else spec
     return resolve_path(spec, source, field)
 
 
-def _resolve_value(value: Any, source: Path, field: str) -> Any:
+def resolve_value(value: Any, source: Path, field: str) -> Any:
     if isinstance(value, str):
         return resolve_path(value, source, field)
     if isinstance(value, list):
-        return [_resolve_value(v, source, f"{field}[{i}]") for i, v in enumerate(value)]
+        return [resolve_value(v, source, f"{field}[{i}]") for i, v in enumerate(value)]
     if isinstance(value, dict):
-        return {k: _resolve_value(v, source, f"{field}.{k}") for k, v in value.items()}
+        return {k: resolve_value(v, source, f"{field}.{k}") for k, v in value.items()}
     return value
 
 
-def resolve_fields(config: MethodConfig, source: Path | None, parse_specs: bool = True) -> MethodConfig:
-    """A copy of `config` (read from `source`; None: built in code, its own strings stay as they are) with every
-    path field resolved, nested configs (read from their own files, or from their parent's) included. With
-    `parse_specs`, a wrapped drafter's method spec (`"early-exit:exits.json"`) becomes its config, resolved in turn
-    (paths in that file are read from its own folder)."""
-    from hf_spec.config import MethodConfig, config_schema
-    from hf_spec.registry import parse_method
-
-    out = copy.copy(config)
-    for name, schema in config_schema(type(config)).items():
-        value = getattr(config, name)
-        if isinstance(value, MethodConfig):
-            value = resolve_fields(value, value.source or source, parse_specs)
-        elif schema.nested is not None and isinstance(value, str) and value:
-            spec = value if source is None else resolve_spec(value, source, name)
-            if parse_specs:
-                nested = parse_method(spec)
-                spec = resolve_fields(nested, nested.source, parse_specs)
-            value = spec
-        elif schema.choices is None and source is not None:
-            value = _resolve_value(value, source, name)
-        setattr(out, name, value)
-    out.source = None  # nothing relative is left
-    return out
-
-
-__all__ = ["resolve_fields", "resolve_path", "resolve_spec"]
+__all__ = ["resolve_path", "resolve_spec", "resolve_value"]

@@ -31,9 +31,13 @@ import numbers
 import os
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
+
+from hf_spec.core.config_paths import resolve_spec, resolve_value
+from hf_spec.core.registry import get_method
 
 logger = logging.getLogger(__name__)
 
@@ -137,8 +141,6 @@ def build_config(data: dict[str, Any], base: type[MethodConfig], version: int | 
     """A config from its dict: of class `base`, or, when `base` is `MethodConfig` itself, of the registered method
     the dict's `"method"` names. `version`: the `config_version` to read it as when the dict carries none."""
     if base is MethodConfig:
-        from hf_spec.registry import get_method  # the registry imports this module
-
         if not isinstance(data.get("method"), str):
             raise ValueError(f"a nested method config needs a 'method' name, got keys {sorted(data)}")
         base = get_method(data["method"]).config_cls
@@ -232,17 +234,39 @@ class MethodConfig:
         path = Path(save_directory)
         path.mkdir(parents=True, exist_ok=True)
         keep = self.source is not None and self.source.parent.resolve() == path.resolve()
-        config = self if keep else self.resolved(parse_specs=False)
+        config = self if keep else self.resolved()
         (path / CONFIG_NAME).write_text(json.dumps(config.to_dict(), indent=2) + "\n")
         return path
 
-    def resolved(self, parse_specs: bool = True) -> MethodConfig:
+    def resolved(self, parse: Callable[[str], MethodConfig] | None = None) -> MethodConfig:
         """A copy whose relative paths (see the module docstring) are absolute, read from the folder of the file
-        this config (or a nested one) was loaded from. `parse_specs`: a wrapped drafter given as a method spec
-        becomes its (resolved) config; else the spec stays a string, its path made absolute."""
-        from hf_spec.config_paths import resolve_fields
+        this config (or a nested one) was loaded from; nested configs read from their own files use their own
+        folders. With `parse` (`hf_spec.core.specs.parse_method`), a wrapped drafter given as a method spec
+        (`"early-exit:exits.json"`) becomes its config, resolved in turn; without it the spec stays a string, its
+        path made absolute. `hf_spec.core.specs.resolved_config` is the usual entry point."""
+        source = self.source
+        out = copy.copy(self)
+        for name, schema in config_schema(type(self)).items():
+            value = getattr(self, name)
+            if isinstance(value, MethodConfig):
+                value = value.with_default_source(source).resolved(parse)
+            elif schema.nested is not None and isinstance(value, str) and value:
+                spec = value if source is None else resolve_spec(value, source, name)
+                value = spec if parse is None else parse(spec).resolved(parse)
+            elif schema.choices is None and source is not None:
+                value = resolve_value(value, source, name)
+            setattr(out, name, value)
+        out.source = None  # nothing relative is left
+        return out
 
-        return resolve_fields(self, self.source, parse_specs)
+    def with_default_source(self, file: Path | None) -> MethodConfig:
+        """This config, or a copy read from `file` where it was read from no file of its own (a nested config
+        written inside its parent's file)."""
+        if self.source is not None or file is None:
+            return self
+        out = copy.copy(self)
+        out.source = file
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, version: int | None = None) -> MethodConfig:

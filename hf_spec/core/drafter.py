@@ -9,12 +9,34 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from transformers import Cache, GenerationConfig, PreTrainedModel
 
-from hf_spec.config import MethodConfig
+from hf_spec.core.compat import cache_kwargs
+from hf_spec.core.config import MethodConfig
 from hf_spec.tree import DraftTree
-from hf_spec.verify.forward import target_forward
 
 if TYPE_CHECKING:
-    from hf_spec.engine.backend import Backend
+    from hf_spec.engine.backend import (
+        Backend,  # the engine passes one; drafters only call its context managers
+    )
+
+
+def target_forward(
+    model: PreTrainedModel,
+    cache: Cache,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    attention_mask: torch.Tensor | dict | None,
+    output_hidden_states: bool,
+):
+    """The stock verification forward of `input_ids` `(rows, width)` at `position_ids` `(rows, width)` into
+    `cache`, with the 4D mask `attention_mask` (`None`: causal). The kernel backend is entered by the caller."""
+    return model(
+        input_ids=input_ids,
+        position_ids=position_ids,
+        attention_mask=attention_mask,
+        **cache_kwargs(model, cache),
+        use_cache=True,
+        output_hidden_states=output_hidden_states,
+    )
 
 
 @dataclass
@@ -33,8 +55,8 @@ class SpecState:
         uses_verify_forward: the loop verifies through `Drafter.verify_forward` (hf-spec's loop); False in
             transformers' assisted loop, which runs its own forward.
         backend: the kernel backend of the target's forwards (`hf_spec.engine.backend`); a drafter enters
-            `backend.drafting(...)` around its own forwards through the target's layers or a draft model.
-            Default: the one the target's profile chose.
+            `backend.drafting(...)` around its own forwards through the target's layers or a draft model. The
+            engine passes the one the target's profile chose (`hf_spec.engine.target.profile`).
     """
 
     model: PreTrainedModel
@@ -44,12 +66,6 @@ class SpecState:
     hidden_states: torch.Tensor | None = None  # [1, num_positions, hidden_size]
     uses_verify_forward: bool = True
     backend: Backend | None = None
-
-    def __post_init__(self) -> None:
-        if self.backend is None:
-            from hf_spec.engine.profile import target_profile
-
-            self.backend = target_profile(self.model).backend
 
     @property
     def do_sample(self) -> bool:

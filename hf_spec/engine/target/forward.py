@@ -14,33 +14,12 @@ import time
 import numpy as np
 import torch
 
-from hf_spec.compat import cache_kwargs
+from hf_spec.engine.target.cache import crop_cache
+from hf_spec.engine.target.windows import sequence_mask
 from hf_spec.tree.draft_tree import DraftTree
 from hf_spec.tree.masks import tree_attention_mask, tree_position_ids
-from hf_spec.verify.cache import crop_cache
-from hf_spec.verify.windows import sequence_mask
 
 logger = logging.getLogger(__name__)
-
-
-def target_forward(
-    model,
-    cache,
-    input_ids: torch.Tensor,
-    position_ids: torch.Tensor,
-    attention_mask: torch.Tensor | dict | None,
-    output_hidden_states: bool,
-):
-    """The stock verification forward of `input_ids` `(rows, width)` at `position_ids` `(rows, width)` into
-    `cache`, with the 4D mask `attention_mask` (`None`: causal). The kernel backend is entered by the caller."""
-    return model(
-        input_ids=input_ids,
-        position_ids=position_ids,
-        attention_mask=attention_mask,
-        **cache_kwargs(model, cache),
-        use_cache=True,
-        output_hidden_states=output_hidden_states,
-    )
 
 
 def verification_inputs(
@@ -76,7 +55,7 @@ def time_verifications(drafter, state, sizes: list[int], repeats: int = 3) -> di
     Returns:
         `{n: seconds}`.
     """
-    from hf_spec.engine.profile import target_profile
+    from hf_spec.engine.target.profile import target_profile
 
     model, past = state.model, state.seq_len - 1
     root = state.input_ids[:, -1:]
