@@ -58,8 +58,12 @@ def _imports(tree: ast.AST, module: str, is_package: bool, known: set[str]) -> s
             visit(child)
 
     visit(tree)
+    # importing `a.b.c` runs the `__init__` of `a.b` first (the root package's facade aside): a circle through a
+    # package's `__init__` fails at import time as any other does
+    parents = {".".join(m.split(".")[:i]) for m in found for i in range(2, len(m.split(".")))}
+    found |= parents
     found.discard(module)
-    return {m for m in found if m in known}
+    return {m for m in found if m in known and not module.startswith(m + ".")}
 
 
 def import_graph() -> dict[str, set[str]]:

@@ -14,13 +14,13 @@ import torch
 from hf_spec import SpeculativeDecoder
 from hf_spec.core.registry import list_methods
 from hf_spec.datastore import DatastoreRecipe, TokenIndex, save_datastore
-from hf_spec.heads.eagle import EagleHeadConfig, EagleHeadModel
 from hf_spec.heads.hub import save_head_folder
-from hf_spec.heads.lyanna.modeling import LyannaHeadConfig, LyannaHeadModel
 from hf_spec.integrations import enable_assistant
 from hf_spec.methods.eagle import EagleConfig
+from hf_spec.methods.eagle.modeling import EagleHeadConfig, EagleHeadModel
 from hf_spec.methods.hispec.config import HiSpecConfig
 from hf_spec.methods.lyanna.config import LyannaConfig
+from hf_spec.methods.lyanna.modeling import LyannaHeadConfig, LyannaHeadModel
 from hf_spec.methods.postuse import PostUseConfig
 from hf_spec.methods.retrieval.config import RetrievalConfig
 from hf_spec.methods.talon.config import TalonConfig

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from hf_spec import SpeculativeDecoder
-from hf_spec.heads.eagle import EagleHeadConfig, EagleHeadModel
-from hf_spec.heads.lyanna import LyannaHeadConfig, LyannaHeadModel
 from hf_spec.methods.draft_model.config import DraftModelConfig
 from hf_spec.methods.draft_model.drafter import DraftModelDrafter
 from hf_spec.methods.eagle import EagleConfig, EagleDrafter
+from hf_spec.methods.eagle.modeling import EagleHeadConfig, EagleHeadModel
 from hf_spec.methods.lyanna import LyannaConfig, LyannaDrafter
+from hf_spec.methods.lyanna.modeling import LyannaHeadConfig, LyannaHeadModel
 from tests.conftest import make_tiny_model, prompt_ids
 
 NEW_TOKENS = 12
@@ -153,8 +153,8 @@ def test_training_data_and_losses_where_the_target_is(lazy_device, tmp_path):
     """Answers (batched, left-padded), captured features and a head's training loss with the target off the CPU
     equal those on the CPU. (Training steps themselves are not run here: the lazy backend fails on a double
     scalar inside the backward graph, a limit of that backend, not of CUDA.)"""
-    from hf_spec.heads.eagle.train import EagleTrainConfig, head_step
     from hf_spec.training.batches import collate
+    from hf_spec.training.eagle import EagleTrainConfig, head_step
     from hf_spec.training.features import capture_features
     from hf_spec.training.responses import Conversation, _continue_batch
     from hf_spec.training.trainer import batch_on
@@ -182,11 +182,11 @@ def test_training_data_and_losses_where_the_target_is(lazy_device, tmp_path):
 def test_exit_heads_where_the_target_is(lazy_device, tmp_path):
     """Exit-head features and evaluation with the target off the CPU equal those on the CPU; a saved heads folder
     follows the target into `early-exit` (with its draft vocabulary) and `hispec`."""
-    from hf_spec.heads.exits.model import ExitHeads
-    from hf_spec.heads.exits.train import evaluate_heads, extract_features, train_heads
     from hf_spec.methods.early_exit import EarlyExitConfig, EarlyExitDrafter
+    from hf_spec.methods.early_exit.exit_heads import ExitHeads
     from hf_spec.methods.hispec.config import HiSpecConfig
     from hf_spec.methods.hispec.drafter import HiSpecDrafter
+    from hf_spec.training.exits import evaluate_heads, extract_features, train_heads
 
     cpu = make_tiny_model("llama", layers=6)
     moved = to_lazy(make_tiny_model("llama", layers=6), lazy_device)

@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_spec.heads.eagle import train as eagle_train
-from hf_spec.heads.eagle.train import EagleTrainConfig, train_eagle
-from hf_spec.heads.exits import train as exits_train
+from hf_spec.training import eagle as eagle_train
+from hf_spec.training import exits as exits_train
 from hf_spec.training import trainer
 from hf_spec.training.distributed import Processes
+from hf_spec.training.eagle import EagleTrainConfig, train_eagle
 from hf_spec.training.features import capture_features
 from tests.conftest import STORIES, make_tiny_model
 from tests.test_eagle import tiny_conversations
@@ -257,8 +257,8 @@ def test_a_process_without_items_still_joins_the_gradient_sum(tiny_data, thread_
 
 def test_exit_heads_on_two_processes_match_one(thread_processes):
     """`hf-spec train exits`' loop: each process takes its share of every batch's positions."""
-    from hf_spec.heads.exits.features import extract_features
-    from hf_spec.heads.exits.model import ExitHeads
+    from hf_spec.methods.early_exit.exit_heads import ExitHeads
+    from hf_spec.training.exit_features import extract_features
     from tests.conftest import prompt_ids
 
     model = make_tiny_model("llama", layers=4)

@@ -15,14 +15,14 @@ from hf_spec import SpeculativeDecoder
 from hf_spec.core.drafter import SpecState
 from hf_spec.core.specs import HEAD_IN_THIS_FOLDER
 from hf_spec.engine.target.profile import target_profile
-from hf_spec.heads.eagle import EagleHeadConfig, EagleHeadModel
-from hf_spec.heads.eagle.losses import alignment_mask, topk_loss
-from hf_spec.heads.eagle.train import EagleTrainConfig, train_eagle
 from hf_spec.heads.hub import save_head_folder
 from hf_spec.methods.eagle import EagleConfig, EagleDrafter
 from hf_spec.methods.eagle.drafter import load_head
+from hf_spec.methods.eagle.modeling import EagleHeadConfig, EagleHeadModel
 from hf_spec.methods.postuse import PostUseConfig, PostUseDrafter
+from hf_spec.training.eagle import EagleTrainConfig, train_eagle
 from hf_spec.training.features import FeatureStore, capture_features
+from hf_spec.training.losses import alignment_mask, topk_loss
 from hf_spec.training.responses import Conversation
 from hf_spec.tree.masks import causal_mask
 from tests.conftest import (

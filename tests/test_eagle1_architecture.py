@@ -15,15 +15,15 @@ from hf_spec import SpeculativeDecoder
 from hf_spec.cli.export import export_head
 from hf_spec.cli.main import build_parser, main
 from hf_spec.core.specs import HEAD_IN_THIS_FOLDER
-from hf_spec.heads.eagle import EagleHeadConfig, EagleHeadModel
-from hf_spec.heads.eagle.eagle1 import config_of_layer, layer_config, published_config
-from hf_spec.heads.eagle.train import EagleTrainConfig, train_eagle
 from hf_spec.heads.hub import save_head_folder
-from hf_spec.heads.published.eagle import PublishedEagleHead
-from hf_spec.heads.published.write import eagle1_checkpoint
 from hf_spec.methods.eagle import EagleConfig, EagleDrafter
 from hf_spec.methods.eagle.drafter import load_head
+from hf_spec.methods.eagle.eagle1 import config_of_layer, layer_config, published_config
+from hf_spec.methods.eagle.modeling import EagleHeadConfig, EagleHeadModel
+from hf_spec.methods.eagle.published import PublishedEagleHead
+from hf_spec.methods.eagle3.export import eagle1_checkpoint
 from hf_spec.training.batches import collate
+from hf_spec.training.eagle import EagleTrainConfig, train_eagle
 from hf_spec.training.features import capture_features
 from hf_spec.training.trainer import Unroll
 from tests.conftest import make_tiny_model, prompt_ids

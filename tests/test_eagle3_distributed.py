@@ -143,7 +143,7 @@ def test_eagle3_command_on_two_processes_writes_the_head_from_the_main_one(
     model, _ = stories
     store = captured(model, tmp_path / "features", count=8, new=16)
     writes = []
-    from hf_spec.heads.published import write
+    from hf_spec.methods.eagle3 import export as write
 
     real_save = write.save_eagle3_head
     monkeypatch.setattr(write, "save_eagle3_head", lambda *a, **k: writes.append(1) or real_save(*a, **k))

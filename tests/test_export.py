@@ -216,7 +216,7 @@ def test_eagle_round_trip_drafts_the_same_trees(tmp_path, target):
 
 
 def test_hf_spec_eagle_heads_are_refused_with_the_reason(tmp_path, target):
-    from hf_spec.heads.eagle import EagleHeadConfig, EagleHeadModel
+    from hf_spec.methods.eagle.modeling import EagleHeadConfig, EagleHeadModel
 
     EagleHeadModel(EagleHeadConfig.for_target(target, 64)).save_pretrained(tmp_path / "h")
     with pytest.raises(ValueError, match="hf_spec_eagle head.*input_layernorm.*final norm"):

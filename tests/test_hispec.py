@@ -11,11 +11,11 @@ import torch
 
 from hf_spec import SpeculativeDecoder
 from hf_spec.core.specs import parse_method
-from hf_spec.heads.exits.model import ExitHeads, load_exit_lm
-from hf_spec.heads.exits.train import evaluate_heads, extract_cached, extract_features, train_heads
 from hf_spec.methods.early_exit.config import EarlyExitConfig
+from hf_spec.methods.early_exit.exit_heads import ExitHeads, load_exit_lm
 from hf_spec.methods.hispec.config import HiSpecConfig
 from hf_spec.methods.hispec.drafter import HiSpecDrafter
+from hf_spec.training.exits import evaluate_heads, extract_cached, extract_features, train_heads
 from tests.conftest import OUTPUT_CACHE, make_tiny_model, prompt_ids
 from tests.stats import sampled_marginals_pvalues
 from tests.test_sampling import V
@@ -306,7 +306,7 @@ def test_talon_exit_drafter_takes_the_configs_heads_and_draft_weights(
     """Talon's own-cache exit chain reads the early-exit config's exit heads and packed draft weights (before
     session 22 it silently used the stock final norm + LM head); in async mode the target's verification on the
     main thread must still read its own weights while the worker drafts with the packed ones."""
-    from hf_spec.heads.exits.model import ExitLM
+    from hf_spec.methods.early_exit.exit_heads import ExitLM
     from hf_spec.methods.talon.config import TalonConfig
 
     model, _, folder, *_ = trained_heads
@@ -431,6 +431,6 @@ def test_draft_vocabulary(trained_heads, tmp_path):
 
 
 def test_frequent_tokens():
-    from hf_spec.heads.exits.train import frequent_tokens
+    from hf_spec.training.exits import frequent_tokens
 
     assert frequent_tokens([[5, 5, 7], [7, 7, 9], [1]], 2, always=[0]).tolist() == [0, 5, 7]

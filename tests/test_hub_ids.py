@@ -13,11 +13,11 @@ import torch
 from hf_spec import SpeculativeDecoder
 from hf_spec.core.hub_ids import HubIdError, parse_hub_id, resolve_folder, resolve_head_folder
 from hf_spec.core.specs import HEAD_IN_THIS_FOLDER, parse_method
-from hf_spec.heads.eagle import EagleHeadConfig, EagleHeadModel
-from hf_spec.heads.exits.model import ExitHeads, load_exit_lm
 from hf_spec.heads.hub import save_head_folder
 from hf_spec.methods.eagle import EagleConfig
+from hf_spec.methods.eagle.modeling import EagleHeadConfig, EagleHeadModel
 from hf_spec.methods.early_exit import EarlyExitConfig
+from hf_spec.methods.early_exit.exit_heads import ExitHeads, load_exit_lm
 from hf_spec.methods.pld.config import PLDConfig
 from tests.conftest import make_tiny_model, prompt_ids
 from tests.fake_hub import cache_repo

@@ -10,14 +10,14 @@ from transformers import DynamicCache
 
 from hf_spec import SpeculativeDecoder
 from hf_spec.core.specs import HEAD_IN_THIS_FOLDER
-from hf_spec.heads.eagle.losses import alignment_mask
 from hf_spec.heads.hub import save_head_folder
-from hf_spec.heads.lyanna import LyannaHeadConfig, LyannaHeadModel
-from hf_spec.heads.lyanna.train import LyannaTrainConfig, train_lyanna
 from hf_spec.methods.lyanna import LyannaConfig, LyannaDrafter
 from hf_spec.methods.lyanna.drafter import load_lyanna_head
+from hf_spec.methods.lyanna.modeling import LyannaHeadConfig, LyannaHeadModel
 from hf_spec.methods.lyanna.token_tree import token_info_tree
 from hf_spec.training.features import capture_features
+from hf_spec.training.losses import alignment_mask
+from hf_spec.training.lyanna import LyannaTrainConfig, train_lyanna
 from hf_spec.tree.scored import ScoredTree, fuse_scored, prune_scored
 from tests.conftest import make_tiny_model, prompt_ids, run_in_bfloat16
 from tests.test_eagle import tiny_conversations
@@ -301,9 +301,9 @@ def test_plain_steps_drop_the_resampled_subtree(trained, monkeypatch):
 def test_training_loss_at_trained_positions_equals_the_loss_over_every_position(trained):
     """`lyanna_step` runs the LM head on the trained positions only; the loss and the agreement equal those of
     logits computed at every position and masked."""
-    from hf_spec.heads.eagle.losses import soft_cross_entropy
-    from hf_spec.heads.lyanna.train import lyanna_step, masked_mse
     from hf_spec.training.batches import collate
+    from hf_spec.training.losses import soft_cross_entropy
+    from hf_spec.training.lyanna import lyanna_step, masked_mse
     from hf_spec.training.trainer import Unroll
 
     model, head, _, folder = trained

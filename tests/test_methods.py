@@ -18,12 +18,12 @@ from transformers.generation.candidate_generator import PromptLookupCandidateGen
 from hf_spec import SpeculativeDecoder, list_methods
 from hf_spec.core.registry import get_method
 from hf_spec.core.specs import parse_method
-from hf_spec.heads.eagle import EagleHeadConfig, EagleHeadModel
-from hf_spec.heads.lyanna import LyannaHeadConfig, LyannaHeadModel
 from hf_spec.methods.draft_model.config import DraftModelConfig
 from hf_spec.methods.draft_model.drafter import DraftModelDrafter
 from hf_spec.methods.eagle import EagleConfig, EagleDrafter
+from hf_spec.methods.eagle.modeling import EagleHeadConfig, EagleHeadModel
 from hf_spec.methods.lyanna import LyannaConfig, LyannaDrafter
+from hf_spec.methods.lyanna.modeling import LyannaHeadConfig, LyannaHeadModel
 from hf_spec.methods.pld.ngram_matcher import find_continuations, first_continuation
 from tests.conftest import CACHE, make_tiny_model, prompt_ids
 

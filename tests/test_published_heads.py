@@ -18,9 +18,9 @@ from transformers import AutoModelForCausalLM, DynamicCache, GenerationConfig, L
 from hf_spec import SpeculativeDecoder
 from hf_spec.core.drafter import SpecState
 from hf_spec.engine.target.profile import target_profile
-from hf_spec.heads.published.eagle import PublishedEagleHead
 from hf_spec.methods.eagle import EagleConfig, EagleDrafter
 from hf_spec.methods.eagle.drafter import load_head
+from hf_spec.methods.eagle.published import PublishedEagleHead
 from tests.conftest import CACHE, make_tiny_model, prompt_ids, tiny_fields
 
 

@@ -126,7 +126,7 @@ def test_head_for_the_unquantized_target_is_accepted(int8_stories):
 
 
 def test_warm_start_from_a_quantized_layer_is_refused(int8_stories):
-    from hf_spec.heads.eagle import EagleHeadConfig, EagleHeadModel
+    from hf_spec.methods.eagle.modeling import EagleHeadConfig, EagleHeadModel
 
     head = EagleHeadModel(EagleHeadConfig.for_target(int8_stories, 64))
     with pytest.raises(ValueError, match=r"init_from_last_layer .* bitsandbytes 8-bit: train without it"):

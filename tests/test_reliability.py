@@ -21,13 +21,13 @@ from hf_spec.cli.main import main
 from hf_spec.core.specs import parse_method, resolved_config
 from hf_spec.datastore import DatastoreRecipe, TokenIndex, load_datastore, save_datastore
 from hf_spec.datastore.sources import read_texts
-from hf_spec.heads.eagle import EagleHeadConfig, EagleHeadModel
-from hf_spec.heads.exits.model import ExitHeads
 from hf_spec.heads.hub import save_head_folder
 from hf_spec.integrations import save_custom_generate
 from hf_spec.io.integrity import CHECKSUM_FILE, IntegrityError
 from hf_spec.methods.eagle import EagleConfig
+from hf_spec.methods.eagle.modeling import EagleHeadConfig, EagleHeadModel
 from hf_spec.methods.eagle3 import Eagle3Head, Eagle3HeadConfig, save_eagle3_head
+from hf_spec.methods.early_exit.exit_heads import ExitHeads
 from hf_spec.methods.postuse.controller import PreCutController
 from hf_spec.models import fetch as F
 from hf_spec.models.downloads import OfflineError

@@ -10,7 +10,7 @@ import torch
 from transformers import DynamicCache
 
 from hf_spec.cli.main import main
-from hf_spec.heads.published.eagle3_model import Eagle3Head, Eagle3HeadConfig
+from hf_spec.methods.eagle3.modeling import Eagle3Head, Eagle3HeadConfig
 from hf_spec.models.fingerprint import target_fingerprint
 from hf_spec.training.eagle3 import Eagle3TrainConfig, Eagle3Trainee, train_eagle3, unrolled_states
 from hf_spec.training.features import FeatureStore, capture_sequences

@@ -12,9 +12,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf_spec.cli.main import main
-from hf_spec.heads.eagle.modeling import EagleHeadModel
-from hf_spec.heads.lyanna.modeling import LyannaHeadModel
+from hf_spec.methods.eagle.modeling import EagleHeadModel
 from hf_spec.methods.head_drafter import load_draft_head
+from hf_spec.methods.lyanna.modeling import LyannaHeadModel
 from hf_spec.training.prompts import load_train_prompts
 from hf_spec.training.responses import ResponseCache
 from tests.conftest import STORIES

@@ -214,9 +214,9 @@ assert not loaded, loaded
 def head_folder(tmp_path):
     """`(target, folder)`: an EAGLE head folder whose own recipe names the head "." (as published heads do)."""
     from hf_spec.core.specs import HEAD_IN_THIS_FOLDER
-    from hf_spec.heads.eagle import EagleHeadConfig, EagleHeadModel
     from hf_spec.heads.hub import save_head_folder
     from hf_spec.methods.eagle import EagleConfig
+    from hf_spec.methods.eagle.modeling import EagleHeadConfig, EagleHeadModel
 
     target = make_tiny_model("qwen2", temperature=16.0)
     torch.manual_seed(0)

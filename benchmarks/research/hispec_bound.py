@@ -30,7 +30,7 @@ import torch
 from hf_spec.bench.runner import encode_chat, load_prompts
 from hf_spec.core.compat import cache_kwargs
 from hf_spec.engine.target.cache import crop_cache
-from hf_spec.heads.exits.model import load_exit_lm
+from hf_spec.methods.early_exit.exit_heads import load_exit_lm
 from hf_spec.kernels.grouped_attention import grouped_attention
 from hf_spec.kernels.screened_head import screened_lm_head
 from hf_spec.kernels.skinny_linear import fast_linears

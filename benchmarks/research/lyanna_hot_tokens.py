@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from hf_spec.heads.lyanna.train import LyannaTrainConfig, lyanna_step
+from hf_spec.training.lyanna import LyannaTrainConfig, lyanna_step
 from hf_spec.methods.lyanna.drafter import load_lyanna_head
 from hf_spec.models import load_model
 from hf_spec.training.features import FeatureStore

@@ -26,8 +26,7 @@ from hf_spec.bench.prompts import MT_BENCH, Prompt, encode_chat, load_prompts, s
 from hf_spec.bench.report import acceptance_by_depth, markdown_table, plot_speedups, summarize, write_outputs
 from hf_spec.bench.rounds import RoundRecorder
 from hf_spec.decoder import SpeculativeDecoder
-from hf_spec.kernels.grouped_attention import grouped_attention
-from hf_spec.kernels.skinny_linear import fast_linears
+from hf_spec.engine.target.profile import target_profile
 from hf_spec.models.fetch import dtype_name
 
 
@@ -90,10 +89,8 @@ class Method:
         input_ids = input_ids.to(self.model.device)
         synchronize(self.model.device)
         start = time.perf_counter()
-        with (
-            fast_linears(self.model, enabled=self.kernels),
-            grouped_attention(self.model, enabled=self.kernels),
-        ):
+        plain_on_kernels = target_profile(self.model).backend.plain_decoding if self.kernels else None
+        with plain_on_kernels(self.model) if plain_on_kernels else nullcontext():
             out = self.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), **self.kwargs)
         synchronize(self.model.device)
         elapsed = time.perf_counter() - start

@@ -68,9 +68,9 @@ def export_head(
     """
     from hf_spec.core.hub_ids import resolve_head_folder
     from hf_spec.heads.published import detect_format
-    from hf_spec.heads.published.eagle3 import canonical_state, head_config, read_sidecar, verify_folder
-    from hf_spec.heads.published.files import read_config, read_weights
-    from hf_spec.heads.published.write import eagle1_checkpoint, save_eagle3_head, save_eagle_checkpoint
+    from hf_spec.heads.published_files import read_config, read_weights
+    from hf_spec.methods.eagle3.export import eagle1_checkpoint, save_eagle3_head, save_eagle_checkpoint
+    from hf_spec.methods.eagle3.published import canonical_state, head_config, read_sidecar, verify_folder
 
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}: one of {', '.join(FORMATS)}")
@@ -126,8 +126,8 @@ def target_layers(target: str) -> int:
 
 def is_eagle1_head(config: dict) -> bool:
     """Whether a `config.json` object is an hf-spec EAGLE head of the `eagle1` layout (the published layer)."""
-    from hf_spec.heads.eagle.eagle1 import EAGLE1
-    from hf_spec.heads.eagle.modeling import EagleHeadConfig
+    from hf_spec.methods.eagle.eagle1 import EAGLE1
+    from hf_spec.methods.eagle.modeling import EagleHeadConfig
 
     return config.get("model_type") == EagleHeadConfig.model_type and config.get("layout") == EAGLE1
 

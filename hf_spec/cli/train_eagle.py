@@ -38,9 +38,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hf_spec.heads.eagle.modeling import EagleHeadModel
-    from hf_spec.heads.eagle.train import EagleTrainConfig, train_eagle
     from hf_spec.methods.eagle.config import EagleConfig
+    from hf_spec.methods.eagle.modeling import EagleHeadModel
+    from hf_spec.training.eagle import EagleTrainConfig, train_eagle
 
     cfg = EagleTrainConfig(
         align_steps=args.align_steps,

@@ -80,10 +80,10 @@ def run(args: argparse.Namespace) -> int:
     from hf_spec.core.specs import HEAD_IN_THIS_FOLDER
     from hf_spec.heads.card import head_card
     from hf_spec.heads.hub import write_recipe_and_card
-    from hf_spec.heads.published.eagle3 import SIDECAR, SIDECAR_FORMAT
-    from hf_spec.heads.published.write import save_eagle3_head
     from hf_spec.io.output_folder import check_output_folder
     from hf_spec.methods.eagle3 import Eagle3Config, load_eagle3_head
+    from hf_spec.methods.eagle3.export import save_eagle3_head
+    from hf_spec.methods.eagle3.published import SIDECAR, SIDECAR_FORMAT
     from hf_spec.training.distributed import current_processes
     from hf_spec.training.eagle3 import Eagle3TrainConfig, train_eagle3
     from hf_spec.training.features import FeatureStore

@@ -1,4 +1,4 @@
-"""`hf-spec train exits`: exit heads for early-exit and HiSpec self-speculation (see `hf_spec.heads.exits`)."""
+"""`hf-spec train exits`: exit heads for early-exit and HiSpec self-speculation (see `hf_spec.methods.early_exit.exit_heads`)."""
 
 from __future__ import annotations
 
@@ -64,14 +64,14 @@ def run(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from hf_spec.bench.machine import machine_info
-    from hf_spec.heads.exits.card import model_card
-    from hf_spec.heads.exits.config import MODEL_TYPE
-    from hf_spec.heads.exits.data import load_training_rows, tokenize_rows
-    from hf_spec.heads.exits.features import extract_cached
-    from hf_spec.heads.exits.model import ExitHeads
-    from hf_spec.heads.exits.train import evaluate_heads, timed, train_heads
     from hf_spec.io.output_folder import check_output_folder, holds_model_type
+    from hf_spec.methods.early_exit.card import model_card
+    from hf_spec.methods.early_exit.exit_heads import ExitHeads
+    from hf_spec.methods.early_exit.exit_heads_config import MODEL_TYPE
     from hf_spec.training.distributed import current_processes
+    from hf_spec.training.exit_data import load_training_rows, tokenize_rows
+    from hf_spec.training.exit_features import extract_cached
+    from hf_spec.training.exits import evaluate_heads, timed, train_heads
 
     set_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -186,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
 
 def draft_vocabulary(tokenizer, rows: list[dict], vocab_texts: str, size: int):
     """The `size` most frequent tokens of the response cache and the `vocab_texts` files, plus special tokens."""
-    from hf_spec.heads.exits.data import frequent_tokens, vocabulary_texts
+    from hf_spec.training.exit_data import frequent_tokens, vocabulary_texts
 
     texts = [r["prompt"] + r["response"] for r in rows]
     for path in filter(None, vocab_texts.split(",")):

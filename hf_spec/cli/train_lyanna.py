@@ -22,9 +22,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hf_spec.heads.lyanna.modeling import LyannaHeadModel
-    from hf_spec.heads.lyanna.train import LyannaTrainConfig, train_lyanna
     from hf_spec.methods.lyanna.config import LyannaConfig
+    from hf_spec.methods.lyanna.modeling import LyannaHeadModel
+    from hf_spec.training.lyanna import LyannaTrainConfig, train_lyanna
 
     cfg = LyannaTrainConfig(
         align_steps=args.chain_steps,

@@ -81,6 +81,11 @@ class Backend:
         with draft_linears(module, weights):
             yield
 
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """`F.linear(x, weight, bias)` for a drafter's own few-row products (a head's LM rows, an exit head's
+        vocabulary rows)."""
+        return nn.functional.linear(x, weight, bias)
+
     def can_screen(self, model: nn.Module) -> bool:
         """Whether greedy verification of `model` may read the int8-screened LM head (model-level facts only)."""
         return False
@@ -166,6 +171,11 @@ class CpuBackend(Backend):
 
         with attention_of(config):
             yield
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        from hf_spec.kernels.skinny_linear import skinny_linear
+
+        return skinny_linear(x, weight, bias)
 
     def can_screen(self, model: nn.Module) -> bool:
         from hf_spec.kernels.screened_head import screening_applies

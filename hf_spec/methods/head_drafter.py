@@ -22,7 +22,6 @@ from hf_spec.heads.base import DraftHeadModel
 from hf_spec.heads.features import unit_features
 from hf_spec.heads.published import load_published_head
 from hf_spec.io.integrity import check_finite, verify_checksums
-from hf_spec.kernels.skinny_linear import skinny_linear
 from hf_spec.kernels.weight_only import QuantizedWeight, quantize_linears
 from hf_spec.tree.masks import causal_mask
 
@@ -140,7 +139,7 @@ class HeadDrafter(Drafter):
         """Normed head states `(n, H)` -> draft-vocabulary logits `(n, V_draft)` (`vocab_limit` rows)."""
         if self.lm_quantized is not None:
             return self.lm_quantized.linear(normed)
-        return skinny_linear(normed, self.lm_weight)
+        return self.backend.linear(normed, self.lm_weight)
 
     def for_another_row(self) -> HeadDrafter:
         """A copy sharing the loaded head and packed weights, with its own head cache."""

@@ -26,7 +26,7 @@ def eagle3_layers(num_hidden_layers: int) -> tuple[int, ...]:
     """EAGLE-3's low, middle and high layers as `hidden_states` indices (the input of decoder layers 2, N/2 and
     N-3, as EAGLE-3's reference code captures them and `Eagle3HeadConfig` reads them; SpecForge numbers the same
     layers one lower)."""
-    from hf_spec.heads.published.eagle3_model import default_hidden_state_indices
+    from hf_spec.methods.eagle3.modeling import default_hidden_state_indices
 
     layers = default_hidden_state_indices(num_hidden_layers)
     if len(layers) < 3:

@@ -1,10 +1,10 @@
 """`hf-spec train eagle3`: EAGLE-3 heads ([EAGLE-3](https://arxiv.org/abs/2503.01840)) on stored target features.
 
-What is trained (the head module: `hf_spec.heads.published.eagle3_model.Eagle3Head`):
+What is trained (the head module: `hf_spec.methods.eagle3.modeling.Eagle3Head`):
 - the input of the first step at position t is the target's low/mid/high states at t-1 (`aux_features`, fused by
   the head's `fc`); every later step feeds the head's own state at t-1 back (no `fc`), as decoding does;
 - training-time test: `align_steps` unrolled steps, each attending to the keys of the steps before it through the
-  HASS alignment mask (`hf_spec.heads.eagle.losses.alignment_mask`), so step j sees exactly what drafting depth j
+  HASS alignment mask (`hf_spec.training.losses.alignment_mask`), so step j sees exactly what drafting depth j
   sees;
 - a token-level loss only: soft cross-entropy against the target's distribution on the draft vocabulary (from
   the stored last-layer features through the target's final norm and LM-head rows), plus HASS's top-K
@@ -26,9 +26,9 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from hf_spec.heads.eagle.losses import alignment_mask
-from hf_spec.heads.published.eagle3_model import Eagle3Head, Eagle3HeadConfig
+from hf_spec.methods.eagle3.modeling import Eagle3Head, Eagle3HeadConfig
 from hf_spec.models.fingerprint import check_fingerprint, target_fingerprint
+from hf_spec.training.losses import alignment_mask
 from hf_spec.training.trainer import HeadTrainConfig, Unroll, train_head
 from hf_spec.training.warm_start import check_draft_vocabulary
 

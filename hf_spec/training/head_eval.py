@@ -53,9 +53,9 @@ def load_for_evaluation(method: str, head_path: str, target) -> Any:
     from hf_spec.methods.head_drafter import load_draft_head
 
     if method == "eagle":
-        from hf_spec.heads.eagle.modeling import EagleHeadModel as head_cls
+        from hf_spec.methods.eagle.modeling import EagleHeadModel as head_cls
     elif method == "lyanna":
-        from hf_spec.heads.lyanna.modeling import LyannaHeadModel as head_cls
+        from hf_spec.methods.lyanna.modeling import LyannaHeadModel as head_cls
     else:
         raise ValueError(f"no agreement evaluation for method {method!r}: one of {', '.join(METHODS)}")
     return load_draft_head(head_cls, head_path, target, method)
@@ -103,10 +103,10 @@ def _trainee(method: str, head: Any, target, depths: int, max_len: int):
         trainee = Eagle3Trainee(head.float(), target_fingerprint(target), trained=True).attach_target(target)
         return trainee, Eagle3TrainConfig(**common), eagle3_step
     if method == "eagle":
-        from hf_spec.heads.eagle.train import EagleTrainConfig, head_step
+        from hf_spec.training.eagle import EagleTrainConfig, head_step
 
         return head, EagleTrainConfig(**common, architecture=head.layout), head_step  # attached by its loader
-    from hf_spec.heads.lyanna.train import LyannaTrainConfig, lyanna_step
+    from hf_spec.training.lyanna import LyannaTrainConfig, lyanna_step
 
     return head, LyannaTrainConfig(**common), lyanna_step
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from hf_spec.heads.eagle.losses import soft_cross_entropy, topk_loss
 from hf_spec.training.batches import collate, draft_vocabulary, training_schedule, vocabulary_coverage
 from hf_spec.training.distributed import current_processes, global_values, share_of_positions
 from hf_spec.training.host_memory import keep_freed_memory
 from hf_spec.training.loop import Checkpoint, warmup_linear_decay
+from hf_spec.training.losses import soft_cross_entropy, topk_loss
 
 # step_fn(head, batch, cfg, t2d) -> (loss, accuracy per draft depth, loss parts)
 StepFn = Callable[..., tuple[torch.Tensor, list[float], dict[str, float]]]

@@ -168,6 +168,9 @@ class Int8RowsBackend(Backend):
     def packed_linears(self, module: nn.Module, weights: Mapping):
         return self.inner.packed_linears(module, weights)
 
+    def linear(self, x, weight, bias=None):
+        return self.inner.linear(x, weight, bias)
+
     def can_screen(self, model: nn.Module) -> bool:
         return self.inner.can_screen(model)
 

@@ -1,7 +1,7 @@
 """Lyanna's token-info sampling step on the device: one level's raw logits plus each frontier node's token-info
 bias -> the top-k children of every node.
 
-For frontier row f with token t (`hf_spec.heads.lyanna.modeling.LyannaHeadModel.token_info`):
+For frontier row f with token t (`hf_spec.methods.lyanna.modeling.LyannaHeadModel.token_info`):
 
     bias_f   = RMSNorm(E'(t)) = b / sqrt(mean(b^2) + eps) * scale,    b = low_f @ W_2^T   (low_f = (E(t) W_1))
     row_f    = raw + valid_f * bias_f[:cols]                          (the mean runs over the full draft vocab)

@@ -13,8 +13,8 @@ import torch
 
 from hf_spec.core.drafter import SpecState
 from hf_spec.engine.target.cache import cache_length, crop_cache
-from hf_spec.heads.eagle.modeling import EagleHeadModel
 from hf_spec.methods.eagle.config import EagleConfig
+from hf_spec.methods.eagle.modeling import EagleHeadModel
 from hf_spec.methods.eagle.stepper import EagleStepper
 from hf_spec.methods.head_drafter import HeadDrafter, load_draft_head
 from hf_spec.tree.draft_tree import DraftTree

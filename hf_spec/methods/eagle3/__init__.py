@@ -5,11 +5,11 @@ training) and `save_eagle3_head` (hf-spec's EAGLE-3 head folder format).
 """
 
 from hf_spec.core.registry import register_method
-from hf_spec.heads.published.eagle3 import load_eagle3_checkpoint
-from hf_spec.heads.published.eagle3_model import Eagle3Head, Eagle3HeadConfig, default_hidden_state_indices
-from hf_spec.heads.published.write import save_eagle3_head
 from hf_spec.methods.eagle3.config import Eagle3Config
 from hf_spec.methods.eagle3.drafter import Eagle3Drafter, load_eagle3_head
+from hf_spec.methods.eagle3.export import save_eagle3_head
+from hf_spec.methods.eagle3.modeling import Eagle3Head, Eagle3HeadConfig, default_hidden_state_indices
+from hf_spec.methods.eagle3.published import load_eagle3_checkpoint
 
 register_method("eagle3", Eagle3Config, Eagle3Drafter)
 

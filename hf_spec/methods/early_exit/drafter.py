@@ -8,9 +8,9 @@ from torch import nn
 
 from hf_spec.core.drafter import Drafter, SpecState
 from hf_spec.engine.target.cache import cache_length, compact_cache, crop_cache
-from hf_spec.heads.exits.model import ExitLM, load_exit_lm
-from hf_spec.kernels.weight_only import QuantizedWeight, draft_linears, quantize_linears
+from hf_spec.kernels.weight_only import QuantizedWeight, quantize_linears
 from hf_spec.methods.early_exit.config import EarlyExitConfig
+from hf_spec.methods.early_exit.exit_heads import ExitLM, load_exit_lm
 from hf_spec.methods.stepwise import StepwiseDrafter
 from hf_spec.models.layers import DecoderParts, decoder_parts, run_layers
 from hf_spec.tree.draft_tree import DraftTree
@@ -66,6 +66,8 @@ class EarlyExitDrafter(Drafter, StepwiseDrafter):
 
     def begin(self, state: SpecState) -> None:
         self.parts.check_window(state.generation_config.max_length, "early exit")
+        self.backend = state.backend
+        self.exits.use_backend(state.backend)
 
     @torch.no_grad()
     def propose(self, state: SpecState, max_depth: int) -> DraftTree:
@@ -81,7 +83,7 @@ class EarlyExitDrafter(Drafter, StepwiseDrafter):
         siblings: list[list[int]] = []
         try:
             # the same weights as the step-wise path (`_step_forward`)
-            with draft_linears(self.model, self.quantized):
+            with state.backend.packed_linears(self.model, self.quantized):
                 for step in range(depth):
                     position_ids = torch.tensor([[past + step]], device=token.device)
                     hidden = run_layers(
@@ -112,7 +114,7 @@ class EarlyExitDrafter(Drafter, StepwiseDrafter):
 
     def _step_forward(self, ids, position_ids, mask) -> torch.Tensor:
         parts, cache = self.parts, self._step_cache
-        with draft_linears(self.model, self.quantized):
+        with self.backend.packed_linears(self.model, self.quantized):
             hidden = run_layers(parts, parts.embed_tokens(ids), position_ids, cache, 0, self.exit_layer, mask)
             return self.exits.logits(self.exit_layer, hidden)[0].float()
 

@@ -35,7 +35,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from hf_spec.core.drafter import Drafter, RoundResult, SpecState
 from hf_spec.engine.target.cache import cache_length, crop_cache
-from hf_spec.heads.exits.model import load_exit_lm
+from hf_spec.methods.early_exit.exit_heads import load_exit_lm
 from hf_spec.methods.hispec.config import HiSpecConfig
 from hf_spec.models.layers import check_layerwise_forward, decoder_parts, run_layers
 from hf_spec.tree.draft_tree import DraftTree
@@ -98,6 +98,7 @@ class HiSpecDrafter(Drafter):
                 "only (custom_generate= or SpeculativeDecoder), not as transformers' assistant_model"
             )
         self.parts.check_window(state.generation_config.max_length, "hispec")
+        self.exits.use_backend(state.backend)
         self.counts = Counter()
         self._round = None
 

@@ -7,9 +7,9 @@ import torch
 
 from hf_spec.core.drafter import RoundResult, SpecState
 from hf_spec.engine.target.cache import cache_length, crop_cache
-from hf_spec.heads.lyanna.modeling import LyannaHeadModel
 from hf_spec.methods.head_drafter import HeadDrafter, load_draft_head
 from hf_spec.methods.lyanna.config import LyannaConfig
+from hf_spec.methods.lyanna.modeling import LyannaHeadModel
 from hf_spec.methods.lyanna.token_tree import LowRankTokenInfo, token_info_tree
 from hf_spec.tree.draft_tree import DraftTree
 from hf_spec.tree.scored import ScoredTree, fuse_scored, prune_scored

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -17,9 +18,12 @@ from transformers import DynamicCache
 from hf_spec.datastore.sources import ExitHead
 from hf_spec.engine.target.cache import crop_cache
 from hf_spec.engine.target.placement import input_device
-from hf_spec.kernels.weight_only import QuantizedWeight, draft_linears
+from hf_spec.kernels.weight_only import QuantizedWeight
 from hf_spec.models.layers import decoder_parts, run_layers
 from hf_spec.tree.masks import causal_mask
+
+if TYPE_CHECKING:
+    from hf_spec.engine.backend import Backend
 
 
 class ExitChain:
@@ -53,8 +57,10 @@ class ExitChain:
         self.committed = 0  # len of the committed prefix of `seq`
         self.stalled = False  # confidence fell below `min_confidence`: stop drafting further
 
-    def begin(self, target_cache, tokens: list[int]) -> None:
-        """Start from the target's cache of `tokens[:-1]` (right after the prompt prefill)."""
+    def begin(self, target_cache, tokens: list[int], backend: Backend) -> None:
+        """Start from the target's cache of `tokens[:-1]` (right after the prompt prefill); the layers run their
+        packed copies through `backend`, the target's kernel backend."""
+        self.backend = backend
         self.cache = DynamicCache(config=self.model.config)
         cached = 0
         for i in range(self.exit_layer):
@@ -101,7 +107,7 @@ class ExitChain:
         q = ids.shape[1]
         positions = torch.arange(self.cached, self.cached + q, device=device).unsqueeze(0)
         mask = causal_mask(q, self.cached, self.model.dtype, device) if q > 1 else None
-        with draft_linears(self.model, self.quantized):
+        with self.backend.packed_linears(self.model, self.quantized):
             hidden = run_layers(
                 parts, parts.embed_tokens(ids), positions, self.cache, 0, self.exit_layer, mask
             )

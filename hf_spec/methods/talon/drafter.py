@@ -16,6 +16,7 @@ from hf_spec.engine.target.cache import cache_length, crop_cache
 from hf_spec.kernels.screened_head import max_screened_rows
 from hf_spec.methods.early_exit.config import EarlyExitConfig
 from hf_spec.methods.early_exit.drafter import exit_draft_parts
+from hf_spec.methods.early_exit.exit_heads import ExitLM
 from hf_spec.methods.retrieval.retriever import Retriever
 from hf_spec.methods.talon.chain import ExitChain
 from hf_spec.methods.talon.config import TalonConfig
@@ -65,12 +66,14 @@ class TalonDrafter(Drafter):
             Retriever(config.retrieval, model, tokenizer) if config.retrieval is not None else None
         )
         self.chain: ExitChain | None = None
+        self.exits: ExitLM | None = None  # the chain's exit LM, when it drafts from an early exit
         self.sub: Drafter | None = None
         self.chain_len = 0
         sub_config = config.drafter_config()
         if sub_config is not None:
             if isinstance(sub_config, EarlyExitConfig):
                 layer, exits, quantized = exit_draft_parts(sub_config, model)
+                self.exits = exits
                 self.chain = ExitChain(
                     model,
                     layer,
@@ -148,7 +151,9 @@ class TalonDrafter(Drafter):
             self.retriever.fit_budget(self, state)
         if self.chain is not None:
             self.chain.parts.check_window(state.generation_config.max_length, "talon's exit-layer drafter")
-            self.chain.begin(state.cache, state.input_ids[0].tolist())
+            if self.exits is not None:
+                self.exits.use_backend(state.backend)
+            self.chain.begin(state.cache, state.input_ids[0].tolist(), state.backend)
         if self.sub is not None:
             self.sub.begin(state)
         if self.config.mode == "async" and self.chain is not None:

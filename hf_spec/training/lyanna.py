@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from hf_spec.heads.eagle.losses import alignment_mask
-from hf_spec.heads.lyanna.modeling import LyannaHeadConfig, LyannaHeadModel
+from hf_spec.methods.lyanna.modeling import LyannaHeadConfig, LyannaHeadModel
+from hf_spec.training.losses import alignment_mask
 from hf_spec.training.trainer import HeadTrainConfig, Unroll, train_head
 from hf_spec.training.warm_start import train_on_from
 

@@ -20,12 +20,12 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
-from hf_spec.heads.exits.card import model_card
-from hf_spec.heads.exits.data import frequent_tokens, load_training_rows, tokenize_rows, vocabulary_texts
-from hf_spec.heads.exits.features import Features, Progress, extract_cached, extract_features
-from hf_spec.heads.exits.model import ExitHeads
+from hf_spec.methods.early_exit.card import model_card
+from hf_spec.methods.early_exit.exit_heads import ExitHeads
 from hf_spec.models.layers import decoder_parts
 from hf_spec.training.distributed import current_processes
+from hf_spec.training.exit_data import frequent_tokens, load_training_rows, tokenize_rows, vocabulary_texts
+from hf_spec.training.exit_features import Features, Progress, extract_cached, extract_features
 from hf_spec.training.trainer import check_resumable
 
 

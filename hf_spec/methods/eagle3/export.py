@@ -27,10 +27,10 @@ from typing import Any, Literal
 import torch
 from transformers import PreTrainedModel
 
-from hf_spec.heads.eagle.eagle1 import EAGLE1, config_of_layer
-from hf_spec.heads.published.eagle3 import SIDECAR, SIDECAR_FORMAT, SIDECAR_VERSION
-from hf_spec.heads.published.eagle3_model import Eagle3Head, Eagle3HeadConfig
 from hf_spec.io.integrity import CHECKSUM_FILE, save_tensors, write_checksums
+from hf_spec.methods.eagle.eagle1 import EAGLE1, config_of_layer
+from hf_spec.methods.eagle3.modeling import Eagle3Head, Eagle3HeadConfig
+from hf_spec.methods.eagle3.published import SIDECAR, SIDECAR_FORMAT, SIDECAR_VERSION
 from hf_spec.models.fingerprint import target_fingerprint
 
 Eagle3Layout = Literal["sglang", "vllm"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hf_spec.heads.card import exit_heads_card
-from hf_spec.heads.exits.model import ExitHeads
+from hf_spec.methods.early_exit.exit_heads import ExitHeads
 
 
 def model_card(heads: ExitHeads, command: str) -> str:

@@ -11,21 +11,26 @@ output), so after the RMS final norm only the direction of `h` matters, and at i
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load_file
 from torch import nn
+from torch.nn import functional as F
 from transformers import PreTrainedModel
 
 from hf_spec.core.hub_ids import resolve_folder
-from hf_spec.heads.exits.config import MODEL_TYPE, ExitHeadsConfig
 from hf_spec.io.integrity import check_finite, save_tensors, verify_checksums, write_checksums
 from hf_spec.io.output_folder import check_output_folder, holds_model_type
-from hf_spec.kernels.skinny_linear import skinny_linear
 from hf_spec.kernels.weight_only import QuantizedWeight
+from hf_spec.methods.early_exit.exit_heads_config import MODEL_TYPE, ExitHeadsConfig
 from hf_spec.models.fingerprint import check_fingerprint, target_fingerprint
 from hf_spec.models.layers import DecoderParts, decoder_parts
+
+if TYPE_CHECKING:
+    from hf_spec.engine.backend import Backend
 
 WEIGHTS_NAME = "model.safetensors"
 
@@ -169,6 +174,12 @@ class ExitLM:
             self.vocab = heads.draft_vocab.to(parts.lm_head.weight.device)
             self.vocab_weight = parts.lm_head.weight.detach()[self.vocab].contiguous()
         self.head_int8: QuantizedWeight | None = None  # `quantize_head`: drafts read an int8 copy
+        # the draft-vocabulary product; a drafter hands over its kernel backend's (`use_backend`)
+        self.linear: Callable[..., torch.Tensor] = F.linear
+
+    def use_backend(self, backend: Backend) -> None:
+        """Compute the draft-vocabulary logits with `backend`'s linear (hf-spec's few-row kernel on a CPU)."""
+        self.linear = backend.linear
 
     def quantize_head(self) -> None:
         """Compute the exit logits with an int8 copy of the LM-head rows used (drafts only: never the final
@@ -196,7 +207,7 @@ class ExitLM:
         if self.vocab is None:
             return self.parts.lm_head(hidden) if self.head_int8 is None else self.head_int8.linear(hidden)
         sub = (
-            skinny_linear(hidden, self.vocab_weight)
+            self.linear(hidden, self.vocab_weight)
             if self.head_int8 is None
             else self.head_int8.linear(hidden)
         )

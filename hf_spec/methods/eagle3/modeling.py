@@ -1,7 +1,7 @@
 """The EAGLE-3 draft head ([EAGLE-3](https://arxiv.org/abs/2503.01840)) as one `nn.Module`, for decoding and training.
 
 The module's `state_dict` keys are the SpecForge/SGLang layout (`LlamaForCausalLMEagle3`), which is also hf-spec's
-own EAGLE-3 head format (`hf_spec.heads.published.eagle3.save_eagle3_head`):
+own EAGLE-3 head format (`hf_spec.methods.eagle3.published.save_eagle3_head`):
 
     fc.weight                      [H, k * H_target]   fuses k target hidden states (low, mid, high: k = 3)
     midlayer.self_attn.{q,k,v}_proj.weight  [*, 2H]    read cat(input_layernorm(embed), hidden_norm(h))
@@ -223,7 +223,7 @@ class Eagle3Head(nn.Module):
 
     Decoding and training use the same `forward`; a trainer unrolls steps by feeding each step's output back as
     `hidden` with an explicit `attention_mask` and `position_ids` (and, to attend to earlier steps, one cache
-    across the steps, as `hf_spec.heads.eagle.train` does for EAGLE heads).
+    across the steps, as `hf_spec.training.eagle` does for EAGLE heads).
 
     Args:
         config: the head's shapes.

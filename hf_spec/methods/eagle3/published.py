@@ -1,4 +1,4 @@
-"""EAGLE-3 checkpoints in the layouts in use, read into one `Eagle3Head` (`hf_spec.heads.published.eagle3_model`).
+"""EAGLE-3 checkpoints in the layouts in use, read into one `Eagle3Head` (`hf_spec.methods.eagle3.modeling`).
 
 | layout | written by | config.json | weight keys |
 |---|---|---|---|
@@ -28,25 +28,16 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from hf_spec.heads.published.compat import check_fits_target
-from hf_spec.heads.published.eagle import load_checked
-from hf_spec.heads.published.eagle3_model import Eagle3Head, Eagle3HeadConfig, default_hidden_state_indices
-from hf_spec.heads.published.files import read_config, read_weights
-from hf_spec.io.integrity import CHECKSUM_FILE, check_finite, verify_checksums
+from hf_spec.heads.published import SIDECAR, is_eagle3_checkpoint, verify_folder
+from hf_spec.heads.published_compat import check_fits_target
+from hf_spec.heads.published_files import read_config, read_weights
+from hf_spec.io.integrity import check_finite
+from hf_spec.methods.eagle.published import load_checked
+from hf_spec.methods.eagle3.modeling import Eagle3Head, Eagle3HeadConfig, default_hidden_state_indices
 from hf_spec.models.fingerprint import check_fingerprint
 
-SIDECAR = "hf_spec.json"  # hf-spec's metadata next to a head it wrote (format version, target fingerprint)
 SIDECAR_FORMAT = "hf_spec_eagle3"
 SIDECAR_VERSION = 1
-
-
-def is_eagle3_checkpoint(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> bool:
-    """Whether `(config.json, tensors)` is an EAGLE-3 head in one of the layouts above."""
-    return (
-        config.get("speculators_model_type") == "eagle3"
-        or any(k.startswith("midlayer.") for k in tensors)
-        or "layers.0.hidden_norm.weight" in tensors
-    )
 
 
 def layout_of(config: dict[str, Any]) -> str:
@@ -201,15 +192,6 @@ def canonical_state(
     return state, own_embedding
 
 
-def verify_folder(folder: str | os.PathLike, what: str) -> None:
-    """Check the weights of a head folder hf-spec wrote against its `hf_spec_checksums.json` (`IntegrityError`
-    naming a damaged file; a warning for an hf-spec EAGLE-3 folder saved before checksums, which has only
-    `hf_spec.json`). A third-party folder has neither and is not checked."""
-    folder = Path(folder)
-    if (folder / CHECKSUM_FILE).is_file() or (folder / SIDECAR).is_file():
-        verify_checksums(folder, what)
-
-
 def read_sidecar(folder: str | os.PathLike, what: str) -> dict[str, Any]:
     """hf-spec's `hf_spec.json` next to the checkpoint (empty when absent)."""
     file = Path(folder) / SIDECAR
@@ -272,7 +254,16 @@ def place_on_target(head: Eagle3Head, target: PreTrainedModel) -> Eagle3Head:
     return head
 
 
+def load_published(
+    folder, target: PreTrainedModel, what: str, config: dict[str, Any], tensors: dict
+) -> Eagle3Head:
+    """The EAGLE-3 head of `folder` (its `config.json` and tensors already read), for `load_published_head`."""
+    return load_eagle3_checkpoint(folder, target, what, config, tensors)
+
+
 __all__ = [
+    "SIDECAR",
+    "load_published",
     "check_head_fits",
     "is_eagle3_checkpoint",
     "layout_of",

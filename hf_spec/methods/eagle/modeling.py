@@ -5,7 +5,7 @@
     h_t = Layer(fc([f_{t-1}; E(x_t)]))          # f: the target's unit-RMS last-layer state, or the head's own h
     p(x_{t+1}) = softmax(LMHead(Norm(h_t)))     # the target's frozen final norm and LM-head rows
 
-`layout="eagle1"`: the published EAGLE-1 layer (`hf_spec.heads.eagle.eagle1`), which vLLM's and SGLang's EAGLE-1
+`layout="eagle1"`: the published EAGLE-1 layer (`hf_spec.methods.eagle.eagle1`), which vLLM's and SGLang's EAGLE-1
 loaders read (`hf-spec export --format eagle`) and which hf-spec runs for the EAGLE authors' heads too:
 
     h_t = Layer'(fc([E(x_t); y_{t-1}]))         # y: the target's last hidden state after its final norm (or h);
@@ -23,7 +23,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from hf_spec.heads.base import DraftHeadConfig, DraftHeadModel
-from hf_spec.heads.eagle.eagle1 import (
+from hf_spec.methods.eagle.eagle1 import (
     EAGLE1,
     LAYOUTS,
     HeadLayout,

@@ -26,26 +26,16 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from hf_spec.heads.eagle.eagle1 import layer_config
-from hf_spec.heads.eagle.modeling import EagleHeadConfig, EagleHeadModel
-from hf_spec.heads.published.compat import check_fits_target
+from hf_spec.heads.published_compat import check_fits_target
+from hf_spec.methods.eagle.eagle1 import layer_config
+from hf_spec.methods.eagle.modeling import EagleHeadConfig, EagleHeadModel
 
 FORMAT = "eagle"  # EAGLE-1/2, the EAGLE authors' layout
 
 
-def is_eagle_checkpoint(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> bool:
-    """Whether `(config.json, tensors)` is an EAGLE-1/2 head in the EAGLE authors' layout."""
-    keys = list(tensors)
-    return (
-        "fc.weight" in tensors
-        and any(k.startswith("layers.0.") for k in keys)
-        and not any(k.startswith("midlayer.") for k in keys)
-    )
-
-
 class PublishedEagleHead(EagleHeadModel):
     """An EAGLE-1/2 head of the EAGLE authors' layout: an `eagle1`-layout `EagleHeadModel` (the same layer, inputs
-    and LM-head read, `hf_spec.heads.eagle.modeling`) checked against its target by shapes, as a published
+    and LM-head read, `hf_spec.methods.eagle.modeling`) checked against its target by shapes, as a published
     checkpoint carries no fingerprint; run by hf-spec's `eagle` drafter."""
 
     def __init__(self, config: EagleHeadConfig, fc_bias: bool = True) -> None:
@@ -119,3 +109,10 @@ def load_checked(
                 f"{what}: {key} has shape {tuple(tensor.shape)}, its config implies {tuple(own[key].shape)}"
             )
     module.load_state_dict(state, strict=False)
+
+
+def load_published(
+    folder, target: PreTrainedModel, what: str, config: dict[str, Any], tensors: dict
+) -> EagleHeadModel:
+    """The EAGLE-1/2 head of `folder` (its `config.json` and tensors already read), for `load_published_head`."""
+    return load_eagle_head(config, tensors, target, what)

@@ -12,16 +12,50 @@ one of hf-spec's own (`config.json` without an `hf_spec_*` model type).
 
 from __future__ import annotations
 
+import importlib
 import os
+from pathlib import Path
 from typing import Any
 
+import torch
 from transformers import PreTrainedModel
 
-from hf_spec.heads.base import DraftHeadModel
-from hf_spec.heads.published.eagle import is_eagle_checkpoint, load_eagle_head
-from hf_spec.heads.published.eagle3 import is_eagle3_checkpoint, load_eagle3_checkpoint, verify_folder
-from hf_spec.heads.published.eagle3_model import Eagle3Head
-from hf_spec.heads.published.files import read_config, read_weights
+from hf_spec.heads.published_files import read_config, read_weights
+from hf_spec.io.integrity import CHECKSUM_FILE, verify_checksums
+
+SIDECAR = "hf_spec.json"  # hf-spec's metadata next to a head it wrote (format version, target fingerprint)
+
+# method -> the module whose `load_published(folder, target, what, config, tensors)` reads that method's published
+# layouts, imported when such a head is loaded (the heads' shared code names no method's module otherwise)
+PUBLISHED_LOADERS = {"eagle": "hf_spec.methods.eagle.published", "eagle3": "hf_spec.methods.eagle3.published"}
+
+
+def is_eagle_checkpoint(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> bool:
+    """Whether `(config.json, tensors)` is an EAGLE-1/2 head in the EAGLE authors' layout."""
+    keys = list(tensors)
+    return (
+        "fc.weight" in tensors
+        and any(k.startswith("layers.0.") for k in keys)
+        and not any(k.startswith("midlayer.") for k in keys)
+    )
+
+
+def is_eagle3_checkpoint(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> bool:
+    """Whether `(config.json, tensors)` is an EAGLE-3 head in one of the layouts above."""
+    return (
+        config.get("speculators_model_type") == "eagle3"
+        or any(k.startswith("midlayer.") for k in tensors)
+        or "layers.0.hidden_norm.weight" in tensors
+    )
+
+
+def verify_folder(folder: str | os.PathLike, what: str) -> None:
+    """Check the weights of a head folder hf-spec wrote against its `hf_spec_checksums.json` (`IntegrityError`
+    naming a damaged file; a warning for an hf-spec EAGLE-3 folder saved before checksums, which has only
+    `hf_spec.json`). A third-party folder has neither and is not checked."""
+    folder = Path(folder)
+    if (folder / CHECKSUM_FILE).is_file() or (folder / SIDECAR).is_file():
+        verify_checksums(folder, what)
 
 
 def detect_format(config: dict[str, Any], tensors: dict) -> str | None:
@@ -43,7 +77,7 @@ def is_published_config(config: dict[str, Any]) -> bool:
 
 def load_published_head(
     folder: str | os.PathLike, target: PreTrainedModel, method: str, name: str | None = None
-) -> DraftHeadModel | Eagle3Head | None:
+) -> torch.nn.Module | None:
     """The head in `folder` (named `name` by the user: a path or Hub id) for `method`, checked against `target`;
     None when `folder` is not a published head at all. A published head of another method is refused with an
     error naming the method to use."""
@@ -59,9 +93,16 @@ def load_published_head(
     if found != method:
         label = {"eagle": "EAGLE-1/2", "eagle3": "EAGLE-3"}[found]
         raise ValueError(f"{what} is a published {label} head: use {found}:{name or os.fspath(folder)}")
-    if found == "eagle3":
-        return load_eagle3_checkpoint(folder, target, what, config, tensors)
-    return load_eagle_head(config, tensors, target, what)
+    return importlib.import_module(PUBLISHED_LOADERS[found]).load_published(
+        folder, target, what, config, tensors
+    )
 
 
-__all__ = ["detect_format", "load_published_head"]
+__all__ = [
+    "SIDECAR",
+    "detect_format",
+    "is_eagle3_checkpoint",
+    "is_eagle_checkpoint",
+    "load_published_head",
+    "verify_folder",
+]

@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from hf_spec.heads.eagle.eagle1 import HeadLayout
-from hf_spec.heads.eagle.losses import alignment_mask, feature_loss
-from hf_spec.heads.eagle.modeling import EagleHeadConfig, EagleHeadModel
+from hf_spec.methods.eagle.eagle1 import HeadLayout
+from hf_spec.methods.eagle.modeling import EagleHeadConfig, EagleHeadModel
+from hf_spec.training.losses import alignment_mask, feature_loss
 from hf_spec.training.trainer import HeadTrainConfig, Unroll, train_head
 from hf_spec.training.warm_start import train_on_from
 

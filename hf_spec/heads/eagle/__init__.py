@@ -1,3 +1,0 @@
-from hf_spec.heads.eagle.modeling import EagleHeadConfig, EagleHeadModel
-
-__all__ = ["EagleHeadConfig", "EagleHeadModel"]

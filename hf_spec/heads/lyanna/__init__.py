@@ -1,3 +1,0 @@
-from hf_spec.heads.lyanna.modeling import LyannaHeadConfig, LyannaHeadModel
-
-__all__ = ["LyannaHeadConfig", "LyannaHeadModel"]
