@@ -32,7 +32,7 @@ from hf_spec.heads.published.compat import check_fits_target
 from hf_spec.heads.published.eagle import load_checked
 from hf_spec.heads.published.eagle3_model import Eagle3Head, Eagle3HeadConfig, default_hidden_state_indices
 from hf_spec.heads.published.files import read_config, read_weights
-from hf_spec.integrity import CHECKSUM_FILE, check_finite, verify_checksums
+from hf_spec.integrity import CHECKSUM_FILE, check_finite, marked, verify_checksums
 from hf_spec.models.fingerprint import check_fingerprint
 
 SIDECAR = "hf_spec.json"  # hf-spec's metadata next to a head it wrote (format version, target fingerprint)
@@ -202,11 +202,12 @@ def canonical_state(
 
 
 def verify_folder(folder: str | os.PathLike, what: str) -> None:
-    """Check the weights of a head folder hf-spec wrote against its `hf_spec_checksums.json` (`IntegrityError`
-    naming a damaged file; a warning for an hf-spec EAGLE-3 folder saved before checksums, which has only
-    `hf_spec.json`). A third-party folder has neither and is not checked."""
+    """Check a head folder hf-spec wrote against its `hf_spec_checksums.json` (`IntegrityError` naming a damaged,
+    missing or unlisted file, or a list removed from a folder whose `config.json` says it had one; a warning for an
+    hf-spec EAGLE-3 folder saved before checksums, which has only `hf_spec.json`). A third-party folder has none of
+    these and is not checked."""
     folder = Path(folder)
-    if (folder / CHECKSUM_FILE).is_file() or (folder / SIDECAR).is_file():
+    if (folder / CHECKSUM_FILE).is_file() or (folder / SIDECAR).is_file() or marked(folder) is not None:
         verify_checksums(folder, what)
 
 
