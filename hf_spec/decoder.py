@@ -32,6 +32,32 @@ logger = logging.get_logger(__name__)
 BUILD_LOCK = threading.RLock()
 
 
+_POOLS = "_hf_spec_drafter_pools"  # a model's attribute: `_PoolsOfDecoders`
+
+
+class _DrafterPool:
+    """One decoder's drafters for one model: the first built, and those not lent to a call now."""
+
+    def __init__(self, first: Drafter | None = None, free: list[Drafter] | None = None) -> None:
+        self.first = first
+        self.free: list[Drafter] = free or []
+
+
+class _PoolsOfDecoders(weakref.WeakKeyDictionary):
+    """decoder -> its `_DrafterPool` for the model that holds this mapping (`model.__dict__[_POOLS]`).
+
+    The model keeps its drafters (which hold the model) and the decoder holds neither: a model
+    dropped by its user is freed with its drafters (at the next garbage collection, as any reference cycle) however
+    long the decoder lives, and a decoder dropped takes its pools with it. Copies and pickles of the model start
+    without drafters."""
+
+    def __deepcopy__(self, memo) -> _PoolsOfDecoders:
+        return _PoolsOfDecoders()
+
+    def __reduce__(self):
+        return (_PoolsOfDecoders, ())
+
+
 class SpeculativeDecoder:
     """A speculative decoding recipe usable as `custom_generate`.
 
@@ -47,7 +73,9 @@ class SpeculativeDecoder:
     Args:
         method: a registry spec (`"name"` or `"name:arg"`), a `MethodConfig`, or a ready `Drafter`.
         tokenizer: passed to drafters that need one.
-        seed: seeds the acceptance sampler (only used with `do_sample=True`).
+        seed: seeds sampling (only used with `do_sample=True`): the acceptance sampler, and with `batches="plain"`
+            transformers' own; with a seed, `"auto"` verifies a tree every round rather than choosing by measured
+            speed, so a call repeated gives the same tokens in every `batches` mode.
         batches: how a batch (or a padded prompt) is decoded. `"batched"`: every row's tree verified in one
             target forward per round, one drafter copy per row (`hf_spec.engine.batch`; drafters with `batchable`:
             pld, retrieval, eagle, lyanna); `"rows"`: row by row with speculation (any drafter); `"auto"`
@@ -78,12 +106,12 @@ class SpeculativeDecoder:
             )
         self.batches = batches
         self._drafter = method if isinstance(method, Drafter) else None
+        # a given drafter's pool (it holds its model: the user's choice); built ones are kept by their model
+        self._given = _DrafterPool(self._drafter, [self._drafter]) if self._drafter is not None else None
         self.config = method.config if isinstance(method, Drafter) else parse_method(method)
         self.tokenizer = tokenizer
         self.seed = seed
-        self._lock = threading.Lock()  # guards the two pools below
-        self._drafters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> first drafter
-        self._free: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> drafters not lent now
+        self._lock = threading.Lock()  # guards the drafter pools (`_pool`)
         self._stats = threading.local()  # `last_stats` of each thread
         self._latest_stats: SpecStats | None = None  # of the latest call of any thread
 
@@ -104,24 +132,38 @@ class SpeculativeDecoder:
             if self._drafter.model is not model:
                 raise ValueError("this SpeculativeDecoder's drafter was built for another target model")
             return self._drafter
-        drafter = self._drafters.get(model)
-        if drafter is None:
+        pool = self._pool(model)
+        if pool.first is None:
             with BUILD_LOCK:
-                drafter = self._drafters.get(model)
-                if drafter is None:  # not built by another thread while this one waited
+                if pool.first is None:  # not built by another thread while this one waited
                     entry = get_method(self.config.method)
                     config = resolved_config(self.config)  # relative paths read from the config file's folder
-                    drafter = self._drafters[model] = entry.drafter_cls(config, model, self.tokenizer)
-        return drafter
+                    pool.first = entry.drafter_cls(config, model, self.tokenizer)
+                    pool.free = [pool.first]
+        return pool.first
+
+    def _pool(self, model: PreTrainedModel) -> _DrafterPool:
+        """This decoder's drafters for `model`, kept by the model (see `_PoolsOfDecoders`)."""
+        with self._lock:
+            pools = model.__dict__.get(_POOLS)
+            if pools is None:
+                pools = model.__dict__[_POOLS] = _PoolsOfDecoders()
+            pool = pools.get(self)
+            if pool is None:
+                pool = pools[self] = _DrafterPool()
+            return pool
 
     @contextlib.contextmanager
     def lend(self, model: PreTrainedModel, rows: int = 1) -> Iterator[list[Drafter]]:
         """`rows` drafters of this recipe for `model` that no other call uses until the block ends: free ones
         (`drafter_for(model)` first), then new copies of it sharing its loaded parts."""
         first = self.drafter_for(model)
+        if self._drafter is not None:
+            pool = self._given
+        else:
+            pool = self._pool(model)
         with self._lock:
-            free = self._free.setdefault(model, [first])
-            taken, free[:rows] = free[:rows], []
+            taken, pool.free[:rows] = pool.free[:rows], []
         try:
             if len(taken) < rows:
                 with BUILD_LOCK:
@@ -129,9 +171,8 @@ class SpeculativeDecoder:
             yield taken
         finally:
             with self._lock:
-                free = self._free.setdefault(model, [])
-                free.extend(taken)
-                free.sort(key=lambda d: d is not first)  # the first drafter is lent first
+                pool.free.extend(taken)
+                pool.free.sort(key=lambda d: d is not first)  # the first drafter is lent first
 
     def __call__(
         self,
@@ -195,7 +236,7 @@ class SpeculativeDecoder:
         """A batch, `num_return_sequences` copies or a padded prompt, as `self.batches` says."""
         if self.batches == "plain":  # transformers' own loop, its linears and attention on hf-spec's kernels
             self.last_stats = None
-            with target_profile(model).backend.plain_decoding(model):
+            with target_profile(model).backend.plain_decoding(model), self._seeded(input_ids.device):
                 return type(model)._sample(
                     model, input_ids, logits_processor, stopping_criteria, generation_config, streamer=streamer,
                     **model_kwargs,
@@ -221,7 +262,7 @@ class SpeculativeDecoder:
             with self.lend(model, input_ids.shape[0]) as drafters:
                 out, row_stats = batched_generate(
                     model, input_ids, logits_processor, stopping_criteria, generation_config, drafters, generator,
-                    streamer=streamer, switch=DraftSwitch() if self.batches == "auto" else None, **model_kwargs,
+                    streamer=streamer, switch=self._switch(generation_config), **model_kwargs,
                 )  # fmt: skip
         else:
             if input_ids.shape[0] > 1:
@@ -242,6 +283,25 @@ class SpeculativeDecoder:
                 )  # fmt: skip
         self.last_stats = combine_stats(row_stats)
         return out
+
+    def _switch(self, generation_config) -> DraftSwitch | None:
+        """`batches="auto"`'s round-by-round choice of a tree or a plain step by measured speed; none when sampling
+        with a `seed`: timings differ between calls, and so would the random draws the rounds make."""
+        if self.batches != "auto" or (self.seed is not None and generation_config.do_sample):
+            return None
+        return DraftSwitch()
+
+    @contextlib.contextmanager
+    def _seeded(self, device: torch.device) -> Iterator[None]:
+        """Inside the block torch's random generator (which transformers' own sampling draws from) starts from
+        `seed`; the caller's generator state is restored after it. Without a seed, nothing changes."""
+        if self.seed is None:
+            yield
+            return
+        devices = [device] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(self.seed)
+            yield
 
     def __repr__(self) -> str:
         return f"SpeculativeDecoder({self.config!r})"

@@ -17,7 +17,7 @@ from transformers import PreTrainedModel
 from transformers.generation.candidate_generator import CandidateGenerator
 
 from hf_spec.core.compat import generate_frame_local, passed_cache
-from hf_spec.core.config import MethodConfig
+from hf_spec.core.config import CONFIG_NAME, MethodConfig
 from hf_spec.core.drafter import Drafter, RoundResult, SpecState
 from hf_spec.core.specs import HEAD_IN_THIS_FOLDER
 from hf_spec.decoder import SpeculativeDecoder
@@ -25,7 +25,8 @@ from hf_spec.engine.round import propose_within_room
 from hf_spec.engine.target.hidden import select_hidden_states
 from hf_spec.engine.target.profile import target_profile
 from hf_spec.heads.hub import REQUIREMENTS
-from hf_spec.io.output_folder import check_output_folder
+from hf_spec.io.integrity import CHECKSUM_FILE, verify_checksums, write_checksums
+from hf_spec.io.output_folder import check_output_folder, staged_folder
 from hf_spec.tree import DraftTree
 
 AssistantLike = SpeculativeDecoder | Drafter | MethodConfig
@@ -198,7 +199,9 @@ def save_custom_generate(folder: str | Path, method: str | MethodConfig, overwri
     """Write a Hub-style folder whose `custom_generate/generate.py` runs `method` through hf-spec's loop.
 
     `folder` must be new, empty or an earlier recipe folder; one that holds another artefact (a head, a datastore,
-    a model, other files) is refused unless `overwrite=True`, which replaces only the recipe's files."""
+    a model, other files) is refused unless `overwrite=True`, which replaces only the recipe's files (and renews
+    the checksum list of a folder that has one, after checking it). The folder is written whole or not at all: into
+    a temporary sibling renamed into place."""
     from hf_spec.core.specs import parse_method
 
     config = parse_method(method)
@@ -210,12 +213,26 @@ def save_custom_generate(folder: str | Path, method: str | MethodConfig, overwri
             "custom_generate recipe",
             "choose another folder, or pass overwrite=True",
         )
-    (folder / "custom_generate").mkdir(parents=True, exist_ok=True)
-    config.save_pretrained(folder)
+    listed = (folder / CHECKSUM_FILE).is_file()
+    if listed:  # its other files are carried over and listed again: only if they are intact
+        verify_checksums(folder, f"the folder {folder}")
     recipe = json.dumps(config.resolved().to_dict())
-    (folder / "custom_generate" / "generate.py").write_text(_GENERATE_PY.format(recipe=repr(recipe)))
-    (folder / "custom_generate" / "requirements.txt").write_text(REQUIREMENTS)
+    # relative paths of a recipe read from this very folder stay relative (as `save_pretrained` keeps them)
+    keep = config.source is not None and config.source.parent.resolve() == folder.resolve()
+    saved = json.dumps((config if keep else config.resolved()).to_dict(), indent=2) + "\n"
+    with staged_folder(folder, carry=_not_recipe_file) as new:
+        (new / CONFIG_NAME).write_text(saved)
+        (new / "custom_generate").mkdir(exist_ok=True)
+        (new / "custom_generate" / "generate.py").write_text(_GENERATE_PY.format(recipe=repr(recipe)))
+        (new / "custom_generate" / "requirements.txt").write_text(REQUIREMENTS)
+        if listed:
+            write_checksums(new)  # last
     return folder
+
+
+def _not_recipe_file(path: Path) -> bool:
+    """A file of an earlier folder that a new recipe keeps: all but its recipe, `custom_generate/` and checksums."""
+    return path.parts[0] not in ("hf_spec_config.json", "custom_generate", CHECKSUM_FILE)
 
 
 def _is_recipe_folder(folder: Path) -> bool:
@@ -224,21 +241,34 @@ def _is_recipe_folder(folder: Path) -> bool:
 
 
 def generate_with_recipe(model: PreTrainedModel, recipe: str | dict, **generate_kwargs):
-    """Entry used by saved `custom_generate/generate.py` files: re-enter `generate` with the hf-spec loop."""
-    from hf_spec.core.registry import get_method
+    """Entry used by saved `custom_generate/generate.py` files: re-enter `generate` with the hf-spec loop.
 
-    data = json.loads(recipe) if isinstance(recipe, str) else dict(recipe)
-    if data.get("head") == HEAD_IN_THIS_FOLDER:  # a head repo's own recipe: the head is the folder being run
-        folder = generate_frame_local("custom_generate")
-        if not isinstance(folder, (str, os.PathLike)):
-            raise ValueError(
-                "this recipe uses the head of the folder passed as custom_generate=; pass the folder path"
-            )
-        data["head"] = str(folder)
-    key = json.dumps(data, sort_keys=True)
+    The recipe is read as `SpeculativeDecoder(folder)` reads it: from the `hf_spec_config.json` of the local folder
+    passed as `custom_generate=` (so an edit of that file is what runs, and a head path in it that does not resolve
+    is an error); `recipe`, the copy written into `generate.py`, serves a folder given as a Hub id."""
+    from hf_spec.core.registry import get_method
+    from hf_spec.core.specs import parse_method
+
+    folder = generate_frame_local("custom_generate")
+    local = isinstance(folder, (str, os.PathLike)) and (Path(folder) / CONFIG_NAME).is_file()
+    if local:
+        config = parse_method(str(folder))
+        key = json.dumps([str(Path(folder).resolve()), (Path(folder) / CONFIG_NAME).stat().st_mtime_ns])
+    else:
+        data = json.loads(recipe) if isinstance(recipe, str) else dict(recipe)
+        if (
+            data.get("head") == HEAD_IN_THIS_FOLDER
+        ):  # a head repo's own recipe: the head is the folder being run
+            if not isinstance(folder, (str, os.PathLike)):
+                raise ValueError(
+                    "this recipe uses the head of the folder passed as custom_generate=; pass the folder path"
+                )
+            data["head"] = str(folder)
+        config = get_method(data["method"]).config_cls.from_dict(data)
+        key = json.dumps(data, sort_keys=True)
     with _RECIPE_LOCK:  # the head is loaded once, not at every call (nor by two threads at once)
         if key not in _RECIPE_DECODERS:
-            _RECIPE_DECODERS[key] = SpeculativeDecoder(get_method(data["method"]).config_cls.from_dict(data))
+            _RECIPE_DECODERS[key] = SpeculativeDecoder(config)
         decoder = _RECIPE_DECODERS[key]
     generate_kwargs = {k: v for k, v in generate_kwargs.items() if v is not None}
     return model.generate(custom_generate=decoder, **generate_kwargs)

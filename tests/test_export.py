@@ -27,6 +27,7 @@ from hf_spec.methods.eagle3 import (
 )
 from tests.conftest import CACHE, make_tiny_model, prompt_ids
 from tests.eagle3_checkpoints import write_eagle3_checkpoint
+from tests.test_reliability import as_saved_before_checksums
 
 LAYERS = 7
 
@@ -163,7 +164,7 @@ def test_own_head_folders_carry_checksums_and_refuse_damaged_weights(tmp_path, t
     export_head(str(tmp_path / "own"), "eagle3-vllm", tmp_path / "vllm")
     for folder in (tmp_path / "own", tmp_path / "vllm"):
         listing = json.loads((folder / CHECKSUM_FILE).read_text())
-        assert list(listing["files"]) == ["model.safetensors"]
+        assert list(listing["files"]) == ["config.json", "hf_spec.json", "model.safetensors"]  # every file
         load_eagle3_head(str(folder), target)  # intact: loads
     flip_a_weight_byte(tmp_path / "own" / "model.safetensors")
     damaged = r"model\.safetensors does not match its checksum"
@@ -175,7 +176,7 @@ def test_own_head_folders_carry_checksums_and_refuse_damaged_weights(tmp_path, t
     save_eagle3_head(tmp_path / "own", head, target=target)
     load_eagle3_head(str(tmp_path / "own"), target)
     # hf-spec's folders from before checksums load with a warning; third-party folders have none and load quietly
-    (tmp_path / "vllm" / CHECKSUM_FILE).unlink()
+    as_saved_before_checksums(tmp_path / "vllm")
     with caplog.at_level("WARNING", logger="hf_spec.io.integrity"):
         load_eagle3_head(str(tmp_path / "vllm"), target)
         assert "carries no checksum" in caplog.text

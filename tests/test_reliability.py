@@ -50,6 +50,18 @@ def eagle_head(model, folder: Path) -> Path:
     return folder
 
 
+def as_saved_before_checksums(folder: Path) -> Path:
+    """`folder` as an hf-spec from before checksum lists wrote it: no list, no mark in its config."""
+    (folder / CHECKSUM_FILE).unlink()
+    for name in ("config.json", "meta.json"):
+        if (folder / name).is_file():
+            data = json.loads((folder / name).read_text())
+            data.pop("hf_spec_checksums", None)
+            (folder / name).write_text(json.dumps(data))
+            break
+    return folder
+
+
 def flip_a_byte(file: Path) -> None:
     """Damage the tensor data (the end of the file), not the header: the file still parses."""
     data = bytearray(file.read_bytes())
@@ -82,8 +94,7 @@ def test_a_head_with_damaged_tensor_bytes_is_refused_naming_the_file(target, tmp
 def test_a_head_saved_before_checksums_loads_but_nan_weights_and_foreign_token_ids_do_not(
     target, tmp_path, caplog
 ):
-    folder = eagle_head(target, tmp_path / "old")
-    (folder / CHECKSUM_FILE).unlink()  # as an earlier hf-spec wrote it
+    folder = as_saved_before_checksums(eagle_head(target, tmp_path / "old"))
     with caplog.at_level(logging.WARNING, logger="hf_spec.io.integrity"):
         load_eagle(folder, target)
     assert "carries no checksum" in caplog.text
@@ -105,7 +116,7 @@ def test_damaged_exit_heads_are_refused_naming_the_file(target, tmp_path):
     flip_a_byte(weights)
     with pytest.raises(IntegrityError, match=r"exits/model\.safetensors does not match its checksum"):
         ExitHeads.from_pretrained(tmp_path / "exits", target)
-    (tmp_path / "exits" / CHECKSUM_FILE).unlink()
+    as_saved_before_checksums(tmp_path / "exits")
     name = next(iter(load_file(str(weights))))
     rewrite_tensor(weights, name, lambda t: torch.full_like(t, float("inf")))
     with pytest.raises(
@@ -361,3 +372,160 @@ def fetch_wheels(requirements, dest: Path) -> list[Path]:
             zf.writestr(member, data)
         wheels.append(wheel)
     return wheels
+
+
+# ---- decoders let go of models -----------------------------------------------------------------------------------
+
+
+def test_a_long_lived_decoder_and_a_recipe_folder_let_the_models_they_served_go(tmp_path):
+    import gc
+    import weakref
+
+    decoder = SpeculativeDecoder("pld")
+    save_custom_generate(tmp_path / "recipe", "pld:3")
+    freed = []
+    for seed in (1, 2):
+        model = make_tiny_model("llama")
+        ids = prompt_ids(10, seed=seed)
+        model.generate(ids, max_new_tokens=4, do_sample=False, custom_generate=decoder)
+        model.generate(
+            ids,
+            max_new_tokens=4,
+            do_sample=False,
+            custom_generate=str(tmp_path / "recipe"),
+            trust_remote_code=True,
+        )
+        freed.append(weakref.ref(model))
+        del model
+    gc.collect()
+    assert [ref() for ref in freed] == [None, None]  # the decoder lives on, the models are gone
+    model = make_tiny_model("llama")  # and it still serves a new one
+    out = model.generate(prompt_ids(10), max_new_tokens=4, do_sample=False, custom_generate=decoder)
+    assert torch.equal(out, model.generate(prompt_ids(10), max_new_tokens=4, do_sample=False))
+
+
+# ---- training checkpoints run no code ----------------------------------------------------------------------------
+
+
+class _Planted:
+    """An object whose unpickling creates a file: what a planted checkpoint could do instead."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_planted_checkpoint_runs_no_code_and_a_truncated_one_is_named(target, tmp_path):
+    from hf_spec.training.exit_features import Features
+    from hf_spec.training.exits import train_heads
+    from hf_spec.training.loop import Checkpoint
+
+    marker = tmp_path / "ran"
+    run = tmp_path / "run"
+    run.mkdir()
+    torch.save({"step": 1, "extra": _Planted(marker)}, run / "checkpoint.pt")
+    for read in (Checkpoint(run).peek_extra, Checkpoint(run).read):
+        with pytest.raises(ValueError, match=r"cannot resume from .*run/checkpoint\.pt: corrupt checkpoint"):
+            read()
+    heads = ExitHeads.for_target(target, [2], rank=2)
+    hidden = torch.randn(16, target.config.hidden_size)
+    features = Features({2: hidden}, torch.randint(0, 96, (16, 4)), torch.rand(16, 4))
+    torch.save({"step": 1, "heads": _Planted(marker)}, tmp_path / "exits.pt")
+    with pytest.raises(ValueError, match=r"exits\.pt: corrupt checkpoint"):
+        train_heads(
+            target, heads, features, steps=2, batch_size=4, negatives=8, checkpoint=tmp_path / "exits.pt"
+        )
+    assert not marker.exists()
+    # a real exit-heads checkpoint resumes (read with weights_only=True)
+    ckpt = tmp_path / "good.pt"
+    history = train_heads(target, heads, features, steps=2, batch_size=4, negatives=8, checkpoint=ckpt)
+    assert (
+        train_heads(target, heads, features, steps=3, batch_size=4, negatives=8, checkpoint=ckpt)[:2]
+        == history
+    )
+    data = (run / "checkpoint.pt").read_bytes()
+    (run / "checkpoint.pt").write_bytes(data[: len(data) // 2])  # truncated by a full disk or a killed copy
+    with pytest.raises(ValueError, match=r"run/checkpoint\.pt: corrupt checkpoint .*delete it to restart"):
+        Checkpoint(run).peek_extra()
+
+
+def test_resuming_head_training_from_a_truncated_checkpoint_is_named(tmp_path):
+    from hf_spec.training.loop import warmup_linear_decay
+    from hf_spec.training.trainer import HeadTrainConfig, train_head
+
+    model = make_tiny_model("llama")
+    head = EagleHeadModel(EagleHeadConfig.for_target(model, 64))
+    optimizer = torch.optim.AdamW(head.parameters())
+    from hf_spec.training.loop import Checkpoint
+
+    Checkpoint(tmp_path / "out" / "checkpoint").save(
+        head, optimizer, warmup_linear_decay(optimizer, 4, 1), 1, {}
+    )
+    file = tmp_path / "out" / "checkpoint" / "checkpoint.pt"
+    file.write_bytes(file.read_bytes()[:1000])
+    with pytest.raises(ValueError, match=r"cannot resume from .*checkpoint\.pt: corrupt checkpoint"):
+        train_head(model, head, [], tmp_path / "out", HeadTrainConfig(), step_fn=None, progress=False)
+
+
+# ---- seeds -------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batches", ["auto", "plain", "batched", "rows"])
+def test_a_seed_makes_sampling_on_a_padded_batch_reproducible(target, batches):
+    ids = torch.cat([torch.zeros(1, 3, dtype=torch.long), prompt_ids(9, seed=3)], dim=1)
+    ids = torch.cat([ids, prompt_ids(12, seed=4)])
+    mask = (torch.arange(12) >= torch.tensor([[3], [0]])).long()
+    kwargs = dict(attention_mask=mask, max_new_tokens=24, do_sample=True, temperature=1.5, pad_token_id=0)
+    runs = [
+        target.generate(ids, **kwargs, custom_generate=SpeculativeDecoder("pld", seed=7, batches=batches))
+        for _ in range(3)
+    ]
+    assert all(torch.equal(runs[0], run) for run in runs[1:])
+    other = target.generate(ids, **kwargs, custom_generate=SpeculativeDecoder("pld", seed=8, batches=batches))
+    assert not torch.equal(runs[0], other)  # the seed is what fixes them
+
+
+# ---- messages that say what is wrong ----------------------------------------------------------------------------
+
+
+def test_an_eagle_topk_beyond_the_draft_vocabulary_is_named(target, tmp_path):
+    folder = eagle_head(target, tmp_path / "head")
+    with pytest.raises(ValueError, match=r"eagle: topk 80 exceeds the 64 tokens the head drafts from"):
+        SpeculativeDecoder(EagleConfig(head=str(folder), topk=80)).drafter_for(target)
+
+
+def test_bad_bench_prompt_files_are_named_before_the_run(tmp_path):
+    from hf_spec.bench.prompts import load_prompts
+
+    listed = tmp_path / "listed.jsonl"
+    listed.write_text(json.dumps({"question_id": 1, "category": ["x"], "turns": ["hi"]}) + "\n")
+    with pytest.raises(
+        ValueError, match=r"listed\.jsonl:1: not a Spec-Bench question \(category must be a string"
+    ):
+        load_prompts(listed)
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(
+        json.dumps({"question_id": 1, "turns": ["caf\u00e9"]}).encode("latin-1").replace(b"\\u00e9", b"\xe9")
+    )
+    with pytest.raises(ValueError, match=r"latin\.jsonl: not a UTF-8 text file"):
+        load_prompts(latin)
+
+
+# ---- a recipe is read one way ------------------------------------------------------------------------------------
+
+
+def test_a_head_folder_recipe_naming_a_missing_head_is_refused_on_every_path(target, tmp_path):
+    folder = eagle_head(target, tmp_path / "head")
+    recipe = json.loads((folder / "hf_spec_config.json").read_text())
+    recipe_file = folder / "hf_spec_config.json"
+    recipe_file.write_text(json.dumps(recipe | {"head": "/nonexistent/x"}))
+    for build in (lambda: SpeculativeDecoder(str(recipe_file)), lambda: SpeculativeDecoder(str(folder))):
+        with pytest.raises((ValueError, OSError), match=r"/nonexistent/x"):
+            build().drafter_for(target)
+    ids = prompt_ids(10)
+    with pytest.raises((ValueError, OSError), match=r"/nonexistent/x"):
+        target.generate(
+            ids, max_new_tokens=4, do_sample=False, custom_generate=str(folder), trust_remote_code=True
+        )

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
+
+from hf_spec.io.jsonl import read_jsonl
 
 # Spec-Bench's six groups: the eight MT-bench categories count as one
 MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
@@ -29,18 +30,19 @@ def load_prompts(
 ) -> list[Prompt]:
     """Spec-Bench questions; `per_category` keeps the first K of each category (file order), then `limit`."""
     prompts = []
-    with open(path) as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                turns = row["turns"]
-                if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
-                    raise TypeError(f"turns must be a non-empty list of strings, got {turns!r:.60}")
-                prompts.append(Prompt(str(row["question_id"]), row.get("category", "all"), turns))
-            except (json.JSONDecodeError, KeyError, TypeError) as err:
-                raise ValueError(f"{path}:{line_no}: not a Spec-Bench question ({err})") from None
+    for line_no, row in read_jsonl(path):  # names the file of a non-UTF-8 or non-JSON line
+        try:
+            if not isinstance(row, dict):
+                raise TypeError(f"a question is a JSON object, got {type(row).__name__}")
+            turns = row["turns"]
+            if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
+                raise TypeError(f"turns must be a non-empty list of strings, got {turns!r:.60}")
+            category = row.get("category", "all")
+            if not isinstance(category, str):
+                raise TypeError(f"category must be a string, got {category!r:.60}")
+            prompts.append(Prompt(str(row["question_id"]), category, turns))
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"{path}:{line_no}: not a Spec-Bench question ({err})") from None
     if not prompts:
         raise ValueError(f"{path} holds no prompts")
     if per_category:

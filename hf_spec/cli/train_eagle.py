@@ -195,8 +195,8 @@ def train_and_save(args: argparse.Namespace, cfg, train_fn, recipe_cls, kind: st
     report = report | {"command": command} | info | started_from(args.init_from)
     head.config.training = report
     card = head_card(kind, recipe_cls.method, Path(args.target).name, report, command)
-    save_head_folder(head, out, recipe_cls(head=HEAD_IN_THIS_FOLDER), card)
-    (out / "training_report.json").write_text(json.dumps(report, indent=1) + "\n")
+    report_file = {"training_report.json": json.dumps(report, indent=1) + "\n"}
+    save_head_folder(head, out, recipe_cls(head=HEAD_IN_THIS_FOLDER), card, extra_files=report_file)
     print(
         f"saved {kind} head to {out}: held-out accuracy by depth {report['heldout'].get('accuracy_by_depth')}, "
         f"{report['tokens_per_second']:.0f} trained tokens/s over {report['wall_seconds']} s"

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     from hf_spec.cli.train_eagle import answer_data, check_data_options, default_run_dir, store_data
     from hf_spec.core.specs import HEAD_IN_THIS_FOLDER
     from hf_spec.heads.card import head_card
-    from hf_spec.heads.hub import write_recipe_and_card
+    from hf_spec.heads.hub import recipe_and_card_files
     from hf_spec.io.output_folder import check_output_folder
     from hf_spec.methods.eagle3 import Eagle3Config, load_eagle3_head
     from hf_spec.methods.eagle3.export import save_eagle3_head
@@ -140,11 +140,10 @@ def run(args: argparse.Namespace) -> int:
     command = args.command_line
     report |= {"command": command} | info | started_from(args.init_from)
     card = head_card("EAGLE-3", "eagle3", Path(args.target).name, report, command)
-    write_recipe_and_card(out, Eagle3Config(head=HEAD_IN_THIS_FOLDER), card)
-    (out / "training_report.json").write_text(json.dumps(report, indent=1) + "\n")
-    # the weights and sidecar last: their checksum list marks the folder written whole
-    dtype = getattr(torch, args.save_dtype)
-    save_eagle3_head(out, head, target=model, metadata={"training": report}, dtype=dtype)
+    files = recipe_and_card_files(Eagle3Config(head=HEAD_IN_THIS_FOLDER), card)
+    files["training_report.json"] = json.dumps(report, indent=1) + "\n"
+    dtype = getattr(torch, args.save_dtype)  # the folder is written whole, its checksum list last
+    save_eagle3_head(out, head, target=model, metadata={"training": report}, dtype=dtype, extra_files=files)
     print(
         f"saved EAGLE-3 head to {out}: held-out accuracy by depth {report['heldout'].get('accuracy_by_depth')}, "
         f"{report['tokens_per_second']:.0f} trained tokens/s over {report['wall_seconds']} s"

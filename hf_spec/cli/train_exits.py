@@ -175,8 +175,7 @@ def run(args: argparse.Namespace) -> int:
         "draft_vocab_coverage": coverage,
         "command": command,
     }
-    heads.save_pretrained(args.out)
-    (Path(args.out) / "README.md").write_text(model_card(heads, command))
+    heads.save_pretrained(args.out, card=model_card(heads, command))
     print("| layer | stock agreement | trained agreement |")
     for k, m in measured.items():
         print(f"| {k} | {m['stock_agreement']:.3f} | {m['agreement']:.3f} |")

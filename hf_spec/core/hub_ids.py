@@ -18,7 +18,13 @@ from collections.abc import Sequence
 _HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[\w./-]+))?")
 
 # the files a draft head needs; a repo's weights are fetched in one format only (see `resolve_head_folder`)
-HEAD_CONFIG_FILES = ("config.json", "hf_spec_config.json", "hf_spec.json", "README.md")
+HEAD_CONFIG_FILES = (
+    "config.json",
+    "hf_spec_config.json",
+    "hf_spec.json",
+    "README.md",
+    "hf_spec_checksums.json",
+)
 SAFETENSORS_FILES = ("*.safetensors", "*.safetensors.index.json")
 PICKLE_FILES = ("pytorch_model*.bin", "pytorch_model.bin.index.json")
 
@@ -68,9 +74,26 @@ def resolve_head_folder(name: str | os.PathLike, what: str) -> str:
     repo, revision = hub
     text = os.fspath(name)
     folder = _snapshot(repo, revision, what, text, [*HEAD_CONFIG_FILES, *SAFETENSORS_FILES])
+    listed = _listed_files(folder)
+    if listed:  # a folder hf-spec wrote: every file its checksum list names, which the load checks
+        return _snapshot(repo, revision, what, text, [*HEAD_CONFIG_FILES, *SAFETENSORS_FILES, *listed])
     if any(f.endswith(".safetensors") for f in os.listdir(folder)):
         return folder
     return _snapshot(repo, revision, what, text, [*HEAD_CONFIG_FILES, *PICKLE_FILES])
+
+
+def _listed_files(folder: str) -> list[str]:
+    """The file names `folder`'s `hf_spec_checksums.json` lists (none without one; a damaged list is left for the
+    load to name), as exact `allow_patterns`."""
+    import glob
+    import json
+
+    try:
+        with open(os.path.join(folder, "hf_spec_checksums.json")) as f:
+            files = json.load(f).get("files")
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [glob.escape(name) for name in files if isinstance(name, str)] if isinstance(files, dict) else []
 
 
 def _snapshot(repo: str, revision: str | None, what: str, name: str, allow_patterns: list[str] | None) -> str:

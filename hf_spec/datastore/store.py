@@ -15,7 +15,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +31,7 @@ from hf_spec.datastore.sources import (
     response_documents,
 )
 from hf_spec.io.integrity import verify_checksums, write_checksums
-from hf_spec.io.output_folder import check_output_folder
+from hf_spec.io.output_folder import check_output_folder, staged_folder
 
 FORMAT_VERSION = 1
 
@@ -220,14 +219,11 @@ def save_datastore(folder: str | os.PathLike, index: TokenIndex, recipe: Datasto
     """Write atomically: a folder that exists is complete."""
     folder = Path(folder)
     check_output_folder(folder, is_datastore_folder, "datastore")
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    index.save(tmp)
-    (tmp / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2) + "\n")
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-    write_checksums(tmp, [p.name for p in tmp.glob("*.npy")])  # last: checked at load
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.rename(folder)
+    with staged_folder(folder) as tmp:
+        index.save(tmp)
+        (tmp / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2) + "\n")
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        write_checksums(tmp)  # last: checked at load
     return folder
 
 

@@ -6,7 +6,9 @@ configuration_hf_spec.py, modeling_hf_spec.py   thin re-exports of hf_spec's cla
 custom_generate/generate.py   target.generate(..., custom_generate=folder, trust_remote_code=True)
 README.md            model card
 hf_spec_config.json  the decoding recipe (method + this head)
-hf_spec_checksums.json   sha256 of the weights, written last and checked at load (`hf_spec.io.integrity`)
+hf_spec_checksums.json   sha256 of every other file, written last and checked at load (`hf_spec.io.integrity`)
+
+The folder is written into a temporary sibling and renamed into place (`hf_spec.io.output_folder.staged_folder`).
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from pathlib import Path
 import torch
 
 from hf_spec.core.config import MethodConfig
-from hf_spec.io.integrity import weight_files, write_checksums
-from hf_spec.io.output_folder import check_output_folder, holds_model_type
+from hf_spec.io.integrity import write_checksums
+from hf_spec.io.output_folder import check_output_folder, holds_model_type, staged_folder
 
 _REEXPORT = '''"""Re-exports hf-spec's {kind} classes for `trust_remote_code` loading. Requires `pip install hf-spec`."""
 
@@ -47,11 +49,27 @@ REQUIREMENTS = """hf-spec>=0.1.0
 """
 
 
-def save_head_folder(head, folder: str | os.PathLike, recipe: MethodConfig, card: str) -> Path:
-    """Write `head` (a `DraftHeadModel`) and everything around it to `folder`."""
+def save_head_folder(
+    head,
+    folder: str | os.PathLike,
+    recipe: MethodConfig,
+    card: str,
+    extra_files: dict[str, str] | None = None,
+) -> Path:
+    """Write `head` (a `DraftHeadModel`) and everything around it to `folder`, whole or not at all; `extra_files`
+    (relative path -> text, e.g. a training report) are written into it too and listed in its checksums."""
     folder = Path(folder)
     check_output_folder(folder, holds_model_type(head.config.model_type), f"{head.config.model_type} head")
-    folder.mkdir(parents=True, exist_ok=True)
+    with staged_folder(folder) as new:
+        write_head_files(head, new, recipe, card)
+        for relative, text in (extra_files or {}).items():
+            (new / relative).write_text(text)
+        write_checksums(new)  # last
+    return folder
+
+
+def write_head_files(head, folder: Path, recipe: MethodConfig, card: str) -> None:
+    """Every file of a head folder but its checksum list, into `folder` (a `staged_folder`)."""
     config_cls, model_cls = type(head.config), type(head)
     head.config.auto_map = {
         "AutoConfig": f"configuration_hf_spec.{config_cls.__name__}",
@@ -83,18 +101,24 @@ def save_head_folder(head, folder: str | os.PathLike, recipe: MethodConfig, card
         )
     )
     write_recipe_and_card(folder, recipe, card)
-    write_checksums(folder, weight_files(folder))  # last: a folder with a checksum list was written whole
-    return folder
 
 
 def write_recipe_and_card(folder: str | os.PathLike, recipe: MethodConfig, card: str) -> None:
     """Write the decoding recipe (`hf_spec_config.json`), `custom_generate/` and the model card (`README.md`) into a
-    head folder; the caller writes the weights' checksums after them."""
+    head folder (a `staged_folder`); the caller writes the checksum list after them."""
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     recipe.save_pretrained(folder)
-    (folder / "custom_generate").mkdir(exist_ok=True)
-    text = json.dumps(recipe.to_dict())
-    (folder / "custom_generate" / "generate.py").write_text(_GENERATE_PY.format(recipe=repr(text)))
-    (folder / "custom_generate" / "requirements.txt").write_text(REQUIREMENTS)
-    (folder / "README.md").write_text(card)
+    for relative, text in recipe_and_card_files(recipe, card, with_config=False).items():
+        (folder / relative).parent.mkdir(parents=True, exist_ok=True)
+        (folder / relative).write_text(text)
+
+
+def recipe_and_card_files(recipe: MethodConfig, card: str, with_config: bool = True) -> dict[str, str]:
+    """The recipe (`hf_spec_config.json`, unless not `with_config`), `custom_generate/` and model card files of a
+    head folder: relative path -> text."""
+    files = {"hf_spec_config.json": json.dumps(recipe.resolved().to_dict(), indent=2) + "\n"}
+    return (files if with_config else {}) | {
+        "custom_generate/generate.py": _GENERATE_PY.format(recipe=repr(json.dumps(recipe.to_dict()))),
+        "custom_generate/requirements.txt": REQUIREMENTS,
+        "README.md": card,
+    }

@@ -21,7 +21,7 @@ import torch
 from transformers import PreTrainedModel
 
 from hf_spec.heads.published_files import read_config, read_weights
-from hf_spec.io.integrity import CHECKSUM_FILE, verify_checksums
+from hf_spec.io.integrity import CHECKSUM_FILE, marked, verify_checksums
 
 SIDECAR = "hf_spec.json"  # hf-spec's metadata next to a head it wrote (format version, target fingerprint)
 
@@ -50,11 +50,12 @@ def is_eagle3_checkpoint(config: dict[str, Any], tensors: dict[str, torch.Tensor
 
 
 def verify_folder(folder: str | os.PathLike, what: str) -> None:
-    """Check the weights of a head folder hf-spec wrote against its `hf_spec_checksums.json` (`IntegrityError`
-    naming a damaged file; a warning for an hf-spec EAGLE-3 folder saved before checksums, which has only
-    `hf_spec.json`). A third-party folder has neither and is not checked."""
+    """Check a head folder hf-spec wrote against its `hf_spec_checksums.json` (`IntegrityError` naming a damaged,
+    missing or unlisted file, or a list removed from a folder whose `config.json` says it had one; a warning for an
+    hf-spec EAGLE-3 folder saved before checksums, which has only `hf_spec.json`). A third-party folder has none of
+    these and is not checked."""
     folder = Path(folder)
-    if (folder / CHECKSUM_FILE).is_file() or (folder / SIDECAR).is_file():
+    if (folder / CHECKSUM_FILE).is_file() or (folder / SIDECAR).is_file() or marked(folder) is not None:
         verify_checksums(folder, what)
 
 

@@ -1,11 +1,15 @@
-"""Output folders (heads, exit heads, datastores, recipes) and files are written only where nothing else would be
-lost, and checked before the work that produces them."""
+"""Output folders (heads, exit heads, datastores, recipes, exports) and files are written only where nothing else
+would be lost, checked before the work that produces them, and written whole or not at all (`staged_folder`)."""
 
 from __future__ import annotations
 
+import contextlib
+import glob
+import itertools
 import json
 import os
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -69,3 +73,96 @@ def _check_writable(folder: Path, target: Path, what: str, remedy: str) -> None:
         folder = folder.parent
     if not folder.is_dir() or not os.access(folder, os.W_OK):
         raise ValueError(f"cannot write the {what} to {target}: {folder} is not a writable folder; {remedy}")
+
+
+STAGING_TAG = (
+    ".hf-spec-"  # `.<name>.hf-spec-new-<pid>-<n>` / `.<name>.hf-spec-old-<pid>-<n>`: siblings a write uses
+)
+
+
+@contextlib.contextmanager
+def staged_folder(folder: str | os.PathLike, carry: Callable[[Path], bool] | None = None) -> Iterator[Path]:
+    """Write a folder whole or not at all: yields a new temporary sibling of `folder` to write into; when the block
+    ends without error that sibling replaces `folder` (an earlier `folder` is renamed aside, the new one renamed into
+    place, the old one removed), on an error it is removed and `folder` stays as it was.
+
+    A process killed at any point leaves `folder` as it was, as the new folder, or absent (killed between the two
+    renames); never a mix. The siblings a killed write leaves are removed by the next write to `folder`.
+
+    Args:
+        carry: files of an earlier `folder` (relative paths) to carry into the new one, hard-linked where the file
+            system allows, else copied; the block must replace (not edit in place) any carried file it changes.
+    """
+    folder = Path(folder).absolute()
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_siblings(folder)
+    tag = f".{folder.name}{STAGING_TAG}%s-{os.getpid()}-{next(_COUNTER)}"
+    new, old = folder.with_name(tag % "new"), folder.with_name(tag % "old")
+    try:
+        if carry is not None and folder.is_dir():
+            ignore = _not_carried(folder, carry)
+            shutil.copytree(folder, new, symlinks=True, copy_function=_link_or_copy, ignore=ignore)
+        else:
+            new.mkdir()
+        yield new
+        if folder.is_dir() and not folder.is_symlink():
+            folder.rename(old)
+        elif folder.exists() or folder.is_symlink():
+            folder.unlink()
+        new.rename(folder)
+    finally:
+        shutil.rmtree(new, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def unstaged(folder: Path) -> Path:
+    """The folder a `staged_folder` sibling will become (`folder` itself otherwise): the name messages show."""
+    name = folder.name
+    if name.startswith(".") and STAGING_TAG in name:
+        return folder.with_name(name[1:].split(STAGING_TAG)[0])
+    return folder
+
+
+_COUNTER = itertools.count()
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _not_carried(root: Path, carry: Callable[[Path], bool]) -> Callable[[str, list[str]], set[str]]:
+    def ignore(directory: str, names: list[str]) -> set[str]:
+        here = Path(directory).relative_to(root)
+        return {
+            n
+            for n in names
+            if not (Path(directory, n).is_dir() and not Path(directory, n).is_symlink())
+            and not carry(here / n)
+        }
+
+    return ignore
+
+
+def _remove_stale_siblings(folder: Path) -> None:
+    """Remove what writes to `folder` killed before they finished left beside it (their process is gone)."""
+    prefix = f".{folder.name}{STAGING_TAG}"
+    for sibling in folder.parent.glob(f"{glob.escape(prefix)}*"):
+        try:
+            pid = int(sibling.name[len(prefix) :].split("-")[1])
+        except (IndexError, ValueError):
+            continue
+        if not _running(pid):
+            shutil.rmtree(sibling, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

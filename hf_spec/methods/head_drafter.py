@@ -41,6 +41,9 @@ def load_draft_head(head_cls: type[DraftHeadModel], path: str, target, method: s
     except (OSError, ValueError, AttributeError) as err:
         raise ValueError(f"cannot load the {method} head at {path!r}: bad config.json ({err})") from None
     expected = head_cls.config_class.model_type
+    what = f"the {method} head at {path!r}"
+    if found == expected:  # before reading the weights: a damaged file is named as such, not by its parser
+        verify_checksums(path, what)
     if found != expected:
         published = load_published_head(path, target, method, name)  # EAGLE's own layout, ...
         if published is not None:
@@ -57,8 +60,6 @@ def load_draft_head(head_cls: type[DraftHeadModel], path: str, target, method: s
         raise ValueError(
             f"the {method} head at {path!r} lacks weights {missing[:5]}: a damaged or foreign file"
         )
-    what = f"the {method} head at {path!r}"
-    verify_checksums(path, what)
     check_finite(head, what)
     vocab, d2t = target.get_output_embeddings().weight.shape[0], getattr(head, "d2t", None)
     if d2t is not None and d2t.numel() and not 0 <= int(d2t.min()) <= int(d2t.max()) < vocab:
@@ -103,6 +104,12 @@ class HeadDrafter(Drafter):
         if limit > full:
             raise ValueError(
                 f"{config.method}: vocab_limit {limit} exceeds the head's draft vocabulary ({full})"
+            )
+        topk = getattr(config, "topk", 0)
+        if topk > (limit or full):
+            raise ValueError(
+                f"{config.method}: topk {topk} exceeds the {limit or full} tokens the head drafts from (its draft "
+                f"vocabulary{', cut by vocab_limit' if limit else ''}): use topk <= {limit or full}"
             )
         # the LM-head rows drafted from: d2t is most-frequent first, so the first N rows are the N most frequent
         self.lm_weight = self.head.parts.lm_weight[: limit or full]

@@ -26,6 +26,7 @@ from hf_spec.models.layers import decoder_parts
 from hf_spec.training.distributed import current_processes
 from hf_spec.training.exit_data import frequent_tokens, load_training_rows, tokenize_rows, vocabulary_texts
 from hf_spec.training.exit_features import Features, Progress, extract_cached, extract_features
+from hf_spec.training.loop import load_checkpoint, save_checkpoint
 from hf_spec.training.trainer import check_resumable
 
 
@@ -114,7 +115,7 @@ def train_heads(
         )
     }
     if ckpt is not None and ckpt.is_file():
-        state = torch.load(ckpt, weights_only=False, map_location="cpu")
+        state = load_checkpoint(ckpt, ("settings", "heads", "optim", "step", "history"))
         check_resumable(state.get("settings"), settings, ckpt.parent)
         heads.load_state_dict(state["heads"])
         opt.load_state_dict(state["optim"])
@@ -156,18 +157,14 @@ def train_heads(
             bar.update(1)
             bar.set_postfix(loss=f"{history[-1]:.3f}")
         if processes.is_main and ckpt is not None and ((step + 1) % save_every == 0 or step + 1 == steps):
-            tmp = ckpt.with_suffix(".tmp")
-            torch.save(
-                {
-                    "step": step + 1,
-                    "heads": heads.state_dict(),
-                    "optim": opt.state_dict(),
-                    "history": history,
-                    "settings": settings,
-                },
-                tmp,
-            )
-            os.replace(tmp, ckpt)
+            state = {
+                "step": step + 1,
+                "heads": heads.state_dict(),
+                "optim": opt.state_dict(),
+                "history": history,
+                "settings": settings,
+            }
+            save_checkpoint(state, ckpt)
     if bar is not None:
         bar.close()
     processes.barrier()  # the last checkpoint is written before any process goes on

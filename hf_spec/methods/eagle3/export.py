@@ -10,9 +10,10 @@ hf-spec's own EAGLE-3 head folder (the contract `hf-spec train eagle3` writes an
                          head has its own)
     hf_spec.json         {"format": "hf_spec_eagle3", "format_version": 1, "layout", "hidden_state_indices",
                          "target": the target's fingerprint (when known), ...metadata}
-    hf_spec_checksums.json   sha256 of the weights, written last and checked at load (`hf_spec.io.integrity`)
+    hf_spec_checksums.json   sha256 of every other file, written last and checked at load (`hf_spec.io.integrity`)
 
-Every folder written here gets the checksum list (engines ignore the extra file); an `eagle1`-layout hf-spec
+Every folder written here gets the checksum list (engines ignore the extra file) and is written into a temporary
+sibling renamed into place (`hf_spec.io.output_folder.staged_folder`), so it is whole or absent; an `eagle1`-layout hf-spec
 EAGLE head (`hf-spec train eagle --architecture eagle1`) is written in the EAGLE authors' layout
 (`eagle1_checkpoint`).
 """
@@ -27,7 +28,8 @@ from typing import Any, Literal
 import torch
 from transformers import PreTrainedModel
 
-from hf_spec.io.integrity import CHECKSUM_FILE, save_tensors, write_checksums
+from hf_spec.io.integrity import save_tensors, write_checksums
+from hf_spec.io.output_folder import check_output_folder, staged_folder
 from hf_spec.methods.eagle.eagle1 import EAGLE1, config_of_layer
 from hf_spec.methods.eagle3.modeling import Eagle3Head, Eagle3HeadConfig
 from hf_spec.methods.eagle3.published import SIDECAR, SIDECAR_FORMAT, SIDECAR_VERSION
@@ -132,9 +134,11 @@ def save_eagle3_head(
     layout: Eagle3Layout = "sglang",
     metadata: dict[str, Any] | None = None,
     dtype: torch.dtype | None = None,
+    extra_files: dict[str, str] | None = None,
 ) -> Path:
     """Write an EAGLE-3 head folder (hf-spec's own format with the default `layout="sglang"`; see the module
-    docstring); returns the folder.
+    docstring), whole or not at all; returns the folder. `folder` must be new, empty or an earlier EAGLE-3 head or
+    export.
 
     Args:
         module_or_state_dict: an `Eagle3Head`, or its `state_dict()` (keys `midlayer.*`, `fc.*`, `norm.weight`,
@@ -145,7 +149,10 @@ def save_eagle3_head(
         layout: `"sglang"` (SpecForge/SGLang, hf-spec's own) or `"vllm"` (vLLM's speculators).
         metadata: extra JSON-serialisable fields for `hf_spec.json` (training recipe, ...).
         dtype: the dtype the weights are stored in (default: as they are).
+        extra_files: more files of the folder (relative path -> text: recipe, model card), listed in its checksums.
     """
+    folder = Path(folder)
+    check_output_folder(folder, holds_eagle_output, "EAGLE-3 head")
     if isinstance(module_or_state_dict, Eagle3Head):
         config = config or module_or_state_dict.config
         state = module_or_state_dict.state_dict()
@@ -165,10 +172,7 @@ def save_eagle3_head(
     stored = dtype or state["fc.weight"].dtype
     name = str(getattr(target, "name_or_path", "") or "") or None
     architectures = list(getattr(getattr(target, "config", None), "architectures", None) or [])
-    folder = start_folder(folder)
     config_json = eagle3_config_json(config, layout, name, architectures, stored)
-    (folder / "config.json").write_text(json.dumps(config_json, indent=2) + "\n")
-    save_tensors(tensors, str(folder / WEIGHTS), metadata={"format": "pt"})
     sidecar = {
         "format": SIDECAR_FORMAT,
         "format_version": SIDECAR_VERSION,
@@ -178,18 +182,32 @@ def save_eagle3_head(
     }
     if target is not None:
         sidecar["target"] = target_fingerprint(target) | {"name_or_path": name}
-    (folder / SIDECAR).write_text(json.dumps(sidecar | (metadata or {}), indent=2) + "\n")
-    write_checksums(folder, [WEIGHTS])  # last: a folder with a checksum list was written whole
+    with staged_folder(folder) as new:
+        for relative, text in (extra_files or {}).items():
+            (new / relative).parent.mkdir(parents=True, exist_ok=True)
+            (new / relative).write_text(text)
+        (new / "config.json").write_text(json.dumps(config_json, indent=2) + "\n")
+        save_tensors(tensors, str(new / WEIGHTS), metadata={"format": "pt"})
+        (new / SIDECAR).write_text(json.dumps(sidecar | (metadata or {}), indent=2) + "\n")
+        write_checksums(new)  # last
     return folder
 
 
-def start_folder(folder: str | os.PathLike) -> Path:
-    """Create `folder`, dropping the checksum list of an earlier save into it: until the new list is written the
-    folder counts as unchecked, never as a stale list over new weights."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / CHECKSUM_FILE).unlink(missing_ok=True)
-    return folder
+def holds_eagle_output(folder: Path) -> bool:
+    """An earlier output of `save_eagle3_head` or `save_eagle_checkpoint` (a head or an export), which a new one
+    may replace: a checksum list or `hf_spec.json` beside a `config.json` of an engine's layout (not one of
+    hf-spec's own `hf_spec_*` heads or exit heads, nor a target model, which has neither file)."""
+    from hf_spec.io.integrity import CHECKSUM_FILE
+
+    if not ((folder / CHECKSUM_FILE).is_file() or (folder / SIDECAR).is_file()):
+        return False
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and not str(config.get("model_type", "")).startswith(
+        ("hf_spec", "hf-spec")
+    )
 
 
 def check_state(state: dict[str, torch.Tensor], config: Eagle3HeadConfig) -> None:
@@ -221,10 +239,12 @@ def save_eagle_checkpoint(
     kept = {k: (v.to(dtype) if dtype is not None else v).detach().cpu().contiguous() for k, v in kept.items()}
     config = dict(config) | {"bias": "fc.bias" in kept, "num_hidden_layers": 1}
     config["torch_dtype"] = str(kept["fc.weight"].dtype).removeprefix("torch.")
-    folder = start_folder(folder)
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_tensors(kept, str(folder / WEIGHTS), metadata={"format": "pt"})
-    write_checksums(folder, [WEIGHTS])  # last
+    folder = Path(folder)
+    check_output_folder(folder, holds_eagle_output, "EAGLE head export")
+    with staged_folder(folder) as new:  # whole or not at all
+        (new / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        save_tensors(kept, str(new / WEIGHTS), metadata={"format": "pt"})
+        write_checksums(new)  # last
     return folder
 
 
@@ -268,5 +288,5 @@ __all__ = [
     "eagle3_weights",
     "save_eagle3_head",
     "save_eagle_checkpoint",
-    "start_folder",
+    "holds_eagle_output",
 ]

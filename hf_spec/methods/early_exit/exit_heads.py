@@ -23,7 +23,7 @@ from transformers import PreTrainedModel
 
 from hf_spec.core.hub_ids import resolve_folder
 from hf_spec.io.integrity import check_finite, save_tensors, verify_checksums, write_checksums
-from hf_spec.io.output_folder import check_output_folder, holds_model_type
+from hf_spec.io.output_folder import check_output_folder, holds_model_type, staged_folder
 from hf_spec.kernels.weight_only import QuantizedWeight
 from hf_spec.methods.early_exit.exit_heads_config import MODEL_TYPE, ExitHeadsConfig
 from hf_spec.models.fingerprint import check_fingerprint, target_fingerprint
@@ -101,10 +101,21 @@ class ExitHeads(nn.Module):
             raise ValueError(f"no exit head for layer {layer}; these heads have layers {self.config.layers}")
         return self.adapters[str(layer)](hidden)
 
-    def save_pretrained(self, folder: str | os.PathLike, dtype: torch.dtype = torch.bfloat16) -> Path:
+    def save_pretrained(
+        self, folder: str | os.PathLike, dtype: torch.dtype = torch.bfloat16, card: str | None = None
+    ) -> Path:
+        """Write the heads (and `card` as `README.md`) to `folder`, whole or not at all."""
         path = Path(folder)
         check_output_folder(path, holds_model_type(MODEL_TYPE), "exit-heads folder")
-        path.mkdir(parents=True, exist_ok=True)
+        with staged_folder(path) as new:  # whole or not at all
+            self.write_files(new, dtype)
+            if card is not None:
+                (new / "README.md").write_text(card)
+            write_checksums(new)  # last
+        return path
+
+    def write_files(self, path: Path, dtype: torch.dtype = torch.bfloat16) -> None:
+        """The config and weights into `path` (a `staged_folder`; its checksum list is the caller's)."""
         self.config.save(path)
         state = {
             f"layers.{name}": t.detach().to(dtype).contiguous()
@@ -113,8 +124,6 @@ class ExitHeads(nn.Module):
         if self.draft_vocab is not None:
             state["draft_vocab"] = self.draft_vocab.long().contiguous()
         save_tensors(state, str(path / WEIGHTS_NAME), metadata={"format": "pt"})
-        write_checksums(path, [WEIGHTS_NAME])  # last: a folder with a checksum list was written whole
-        return path
 
     @classmethod
     def from_pretrained(cls, folder: str | os.PathLike, model: PreTrainedModel | None = None) -> ExitHeads:
@@ -126,11 +135,11 @@ class ExitHeads(nn.Module):
         file = Path(folder) / WEIGHTS_NAME
         if not file.is_file():
             raise FileNotFoundError(f"no exit heads at {folder} (missing {WEIGHTS_NAME})")
+        verify_checksums(folder, f"the exit heads at {folder}")  # first: a damaged file is named as such
         try:
             tensors = load_file(str(file))
         except Exception as err:  # noqa: BLE001 - safetensors' own errors: a truncated or foreign file
             raise ValueError(f"{file} is not a readable safetensors file ({err})") from None
-        verify_checksums(folder, f"the exit heads at {folder}")
         check_finite(tensors, str(file))
         vocab = tensors.pop("draft_vocab", None)
         if vocab is not None and model is not None and vocab.numel():
