@@ -8,7 +8,7 @@ Only one worker computes at a time.
 
     python benchmarks/ab_commits.py --base 5e12e8a --new HEAD --out OUT_DIR \
         --target qwen2.5-coder-0.5b-instruct --dtype bfloat16 --threads 2 --max-new-tokens 128 \
-        --prompts ../shared/data/eval/spec_bench_dev.jsonl --per-category 1 \
+        --prompts benchmarks/prompts/spec_bench_dev.jsonl --per-category 1 \
         --methods ar,pld,retrieval:benchmarks/configs/retrieval-qwen2.5-coder-0.5b-instruct.json
 
 Relative paths in `--methods` resolve in each worker's checkout, as they would for a user there. Writes

@@ -33,7 +33,10 @@ from hf_spec.bench.prompts import spec_bench_group  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 ASSETS = REPO / "docs" / "assets" / "benchmarks"
-PROMPTS = REPO.parent / "shared" / "data" / "eval" / "spec_bench_dev.jsonl"
+# the prompt set of every figure; its source and licence: benchmarks/prompts/README.md
+PROMPTS = REPO / "benchmarks" / "prompts" / "spec_bench_dev.jsonl"
+# the path the kept runs read the same prompt file from before it was shipped (byte for byte: prompts/README.md)
+OLD_PROMPTS = "../shared/data/eval/spec_bench_dev.jsonl"
 C = "benchmarks/configs"
 Q, S = "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"
 
@@ -113,6 +116,13 @@ def run(args: argparse.Namespace) -> int:
     key = Path(args.target).name
     if key not in CANONICAL:
         raise SystemExit(f"no canonical methods for {key!r}; known targets: {', '.join(CANONICAL)}")
+    missing = missing_datastore_sources(CANONICAL[key])
+    if missing:
+        raise SystemExit(
+            f"the datastores of {key}'s canonical run are built from training files that are not here: "
+            f"{', '.join(missing)} (benchmarks/prompts/README.md says why they are not shipped; put them there, or "
+            "point the configs' `datastore` recipes at your own training files)"
+        )
     root = Path(args.out_root)
     tmp = root / f".running-{key}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -145,6 +155,35 @@ def run(args: argparse.Namespace) -> int:
     tmp.rename(final)
     print(f"wrote {final}")
     return 0 if args.no_report else report(argparse.Namespace(primary=cls, check=False, results_root=root))
+
+
+def missing_datastore_sources(specs: list[str]) -> list[str]:
+    """The training files named by the datastore recipes of `specs`' config files that do not exist (paths as
+    the configs give them, relative to their folder)."""
+
+    def recipes(node):
+        if isinstance(node, dict):
+            if isinstance(node.get("datastore"), dict):
+                yield node["datastore"]
+            for value in node.values():
+                yield from recipes(value)
+
+    missing = []
+    for spec in specs:
+        _, _, arg = spec.partition(":")
+        config = REPO / arg
+        if not arg.endswith(".json") or not config.is_file():
+            continue
+        for recipe in recipes(json.loads(config.read_text())):
+            for path in (*recipe.get("corpus", []), *recipe.get("responses", [])):
+                if not (config.parent / path).exists() and path not in missing:
+                    missing.append(path)
+    return missing
+
+
+def shown_command(command: str) -> str:
+    """A kept run's command as a user reruns it from a clone: the prompt file by its shipped path."""
+    return command.replace(OLD_PROMPTS, "benchmarks/prompts/spec_bench_dev.jsonl")
 
 
 def repo_relative(command: str) -> str:
@@ -201,10 +240,10 @@ def machine_line(results: dict) -> str:
 
 def run_lines(results: dict) -> list[str]:
     """The command, machine and date of a run, printed beside every table from it."""
-    command = results.get("canonical", {}).get("command") or results.get("command", "")
+    command = shown_command(results.get("canonical", {}).get("command") or results.get("command", ""))
     lines = [f"Command: `{command}`"]
     if results.get("canonical"):
-        lines.append(f" (which ran `{results.get('command', '')}`)")
+        lines.append(f" (which ran `{shown_command(results.get('command', ''))}`)")
     return ["".join(lines), "", f"Machine: {machine_line(results)}. Date: {results['machine']['date']}."]
 
 

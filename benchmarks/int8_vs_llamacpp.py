@@ -17,7 +17,7 @@ llama.cpp's rows also give its decode-only rate. The 1-minute load average is re
 engine's ratio to llama.cpp is taken per (round, prompt) pair, so the spread says how much the load moved it.
 
     python benchmarks/int8_vs_llamacpp.py --target qwen2.5-coder-0.5b-instruct --threads 2 \\
-        --prompts ../shared/data/eval/spec_bench_dev.jsonl --per-category 1 --max-new-tokens 128 --rounds 2 \\
+        --prompts benchmarks/prompts/spec_bench_dev.jsonl --per-category 1 --max-new-tokens 128 --rounds 2 \\
         --methods pld,retrieval:benchmarks/configs/retrieval-qwen2.5-coder-0.5b-instruct.json \\
         --out benchmarks/results/int8-vs-llamacpp
 

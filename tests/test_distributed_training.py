@@ -301,7 +301,7 @@ def _train_argv(
     return [
         "train", kind, "--target", str(STORIES), "--prompts", str(_prompts(tmp_path)),
         "--data-dir", str(tmp_path / "data"), "--max-new-tokens", "24", "--draft-vocab", "256",
-        "--epochs", "2", "--batch-tokens", str(batch_tokens), "--heldout", "2", "--save-every", "1", "--precision", "fp32",
+        "--epochs", "2", "--batch-tokens", str(batch_tokens), "--heldout", "2", "--save-every", "1", "--dtype", "float32",
         "--out", str(tmp_path / out), "--checkpoint-dir", str(tmp_path / run), "--threads", "1",
     ]  # fmt: skip
 

@@ -133,7 +133,7 @@ def _cli_args(features: Path, out: Path, run: Path, *extra: str) -> list[str]:
     return [
         "train", "eagle3", "--target", str(STORIES), "--features", str(features), "--out", str(out),
         "--checkpoint-dir", str(run), "--draft-vocab", "64", "--epochs", "1", "--heldout", "2",
-        "--batch-tokens", "128", "--save-every", "1", "--precision", "fp32", "--threads", "1", *extra,
+        "--batch-tokens", "128", "--save-every", "1", "--dtype", "float32", "--threads", "1", *extra,
     ]  # fmt: skip
 
 

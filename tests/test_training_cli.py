@@ -426,7 +426,7 @@ def test_sampled_answers_are_extra_conversations_seeded_and_held_out_with_their_
 def test_exit_training_needs_rows_on_both_sides_of_the_split(tmp_path):
     data = tmp_path / "responses.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"Q{i}", "response": "A story."}) + "\n" for i in range(3)))
-    args = ["train", "exits", "--target", str(STORIES), "--layers", "2", "--data", str(data)]
+    args = ["train", "exits", "--target", str(STORIES), "--layers", "2", "--responses", str(data)]
     with pytest.raises(ValueError, match=r"holds 3 rows: --heldout 24 must leave rows on both sides"):
         main([*args, "--out", str(tmp_path / "exits")])
 
@@ -502,7 +502,7 @@ def test_exit_heads_record_the_command_and_time_as_given(tmp_path, keep_threads)
         "".join(json.dumps({"prompt": f"Tell story {i}.", "response": story}) + "\n" for i in range(6))
     )
     out = tmp_path / "exits"
-    argv = ["train", "exits", "--target", str(STORIES), "--layers", "2", "--data", str(data), "--out", str(out),
+    argv = ["train", "exits", "--target", str(STORIES), "--layers", "2", "--responses", str(data), "--out", str(out),
             "--heldout", "2", "--steps", "2", "--batch-size", "8", "--negatives", "4", "--draft-vocab", "64",
             "--threads", "1"]  # fmt: skip
     assert main(argv) == 0

@@ -77,8 +77,8 @@ def step(target: str, heads: str, exit_layer: int = 22, past: int = 300, reps: i
     from transformers import DynamicCache
 
     from hf_spec.engine.target.cache import crop_cache
-    from hf_spec.methods.early_exit.exit_heads import load_exit_lm
     from hf_spec.methods.early_exit.drafter import quantize_draft_layers
+    from hf_spec.methods.early_exit.exit_heads import load_exit_lm
     from hf_spec.models import load_model
     from hf_spec.models.layers import decoder_parts, run_layers
 

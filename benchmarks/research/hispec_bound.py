@@ -30,12 +30,12 @@ import torch
 from hf_spec.bench.runner import encode_chat, load_prompts
 from hf_spec.core.compat import cache_kwargs
 from hf_spec.engine.target.cache import crop_cache
-from hf_spec.methods.early_exit.exit_heads import load_exit_lm
 from hf_spec.kernels.grouped_attention import grouped_attention
 from hf_spec.kernels.screened_head import screened_lm_head
 from hf_spec.kernels.skinny_linear import fast_linears
 from hf_spec.kernels.weight_only import draft_linears
 from hf_spec.methods.early_exit.drafter import quantize_draft_layers
+from hf_spec.methods.early_exit.exit_heads import load_exit_lm
 from hf_spec.models import load_model
 from hf_spec.models.layers import decoder_parts, run_layers
 from hf_spec.tree.masks import causal_mask

@@ -18,10 +18,10 @@ import time
 
 import torch
 
-from hf_spec.training.lyanna import LyannaTrainConfig, lyanna_step
 from hf_spec.methods.lyanna.drafter import load_lyanna_head
 from hf_spec.models import load_model
 from hf_spec.training.features import FeatureStore
+from hf_spec.training.lyanna import LyannaTrainConfig, lyanna_step
 from hf_spec.training.responses import default_data_dir
 from hf_spec.training.trainer import evaluate, split_heldout
 

@@ -33,9 +33,9 @@ from hispec_bound import context_cache, draft_step, greedy_continuations, timed,
 
 from hf_spec.bench.runner import spec_bench_group
 from hf_spec.core.config import read_config
-from hf_spec.methods.early_exit.exit_heads import load_exit_lm
 from hf_spec.kernels.grouped_attention import grouped_attention
 from hf_spec.methods.early_exit.drafter import quantize_draft_layers
+from hf_spec.methods.early_exit.exit_heads import load_exit_lm
 from hf_spec.methods.retrieval.config import RetrievalConfig
 from hf_spec.methods.retrieval.retriever import Retriever
 from hf_spec.models import load_model

@@ -9,13 +9,25 @@ from hf_spec.cli.argtypes import positive_int
 from hf_spec.cli.common import (
     add_device_argument,
     add_dtype_argument,
+    examples,
     load_target,
     set_threads,
 )
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("bench", help="benchmark methods against plain generate (Spec-Bench style)")
+    p = subparsers.add_parser(
+        "bench",
+        help="benchmark methods against plain generate (Spec-Bench style)",
+        description="Time methods against plain generate on Spec-Bench style prompts: the runs of all methods "
+        "interleave prompt by prompt, and every speed-up is over `ar` (plain generate) in the same run.",
+        **examples(
+            "hf-spec bench --target smollm2-135m-instruct --methods ar,hf-pld,pld --prompts benchmarks/prompts/spec_bench_dev.jsonl "
+            "--per-category 1 --out runs/bench",
+            "hf-spec bench --target qwen2.5-coder-0.5b-instruct --methods ar,pld,eagle:HEAD --prompts benchmarks/prompts/spec_bench_dev.jsonl "
+            "--limit 8 --check-lossless --out runs/eagle",
+        ),
+    )
     p.add_argument("--target", required=True, help="known model name, local folder or Hub id")
     p.add_argument(
         "--methods",

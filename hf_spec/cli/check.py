@@ -6,8 +6,10 @@ import argparse
 
 from hf_spec.cli.argtypes import positive_int
 from hf_spec.cli.common import (
+    DATA_DTYPE,
     add_device_argument,
     add_dtype_argument,
+    examples,
     load_target,
     set_threads,
 )
@@ -19,10 +21,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="which methods a model can run",
         description="Load a causal LM and report its attention layout, whether it verifies token trees exactly "
         "as hf-spec calls it, and which methods it supports. Exit status 1 if it cannot verify trees.",
+        **examples(
+            "hf-spec check --target smollm2-135m-instruct",
+            "hf-spec check --target path/to/any-causal-lm --dtype bfloat16",
+        ),
     )
     p.add_argument("--target", required=True, help="known model name, folder or Hub id")
     p.add_argument("--threads", type=positive_int, default=None)
-    add_dtype_argument(p, default="float32")
+    add_dtype_argument(p, DATA_DTYPE)  # the exactness check is defined in float32
     add_device_argument(p)
     p.set_defaults(func=run)
     return p

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import warnings
 
 import torch
 
@@ -17,15 +18,75 @@ def set_threads(threads: int | None) -> int:
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 
+# `--dtype` defaults, one per role: commands that decode for the user or time decoding run the target in the dtype
+# the published figures use; commands that build training data or check exactness run it in float32, the dtype the
+# heads, their fingerprints and the exactness checks are defined in
+RUN_DTYPE = "bfloat16"
+DATA_DTYPE = "float32"
 
-def add_dtype_argument(parser, default: str = "float32") -> None:
+
+def add_dtype_argument(parser, default: str = RUN_DTYPE) -> None:
     parser.add_argument(
         "--dtype",
         choices=DTYPES,
         default=default,
-        help="target weights' dtype; auto: bfloat16 on a GPU that has it and on a CPU with AMX/AVX512-BF16 "
-        "(multi-token forwards cost little more than one there), float32 otherwise",
+        help=f"target weights' dtype (default {default}); auto: bfloat16 on a GPU that has it and on a CPU with "
+        "AMX/AVX512-BF16 (multi-token forwards cost little more than one there), float32 otherwise",
     )
+
+
+class _DeprecatedAlias(argparse.Action):
+    """A hidden old spelling of an option: stores into the new option's `dest` and warns once it is used."""
+
+    def __init__(self, option_strings, dest, new: str, values_map: dict | None = None, **kwargs):
+        self.new, self.values_map = new, values_map or {}
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        warnings.warn(
+            f"{option_string} is deprecated and will be removed; use {self.new}", FutureWarning, stacklevel=2
+        )
+        if self.nargs == 0:
+            values = self.const
+        elif isinstance(values, str):
+            values = self.values_map.get(values, values)
+        if isinstance(getattr(namespace, self.dest, None), list) and not isinstance(values, list):
+            values = [*getattr(namespace, self.dest), values]  # an `append` option's old spelling appends too
+        setattr(namespace, self.dest, values)
+
+
+def add_deprecated_alias(parser, old: str, new: str, values_map: dict | None = None, **kwargs) -> None:
+    """Keep `old` working as a hidden spelling of the option `new` (its `dest`, `type` given in `kwargs` if any):
+    it warns (`FutureWarning`) and is left out of `--help` and the CLI reference. `values_map` renames values
+    (`--precision bf16` -> `--dtype bfloat16`)."""
+    dest = kwargs.pop("dest", new.lstrip("-").replace("-", "_"))
+    parser.add_argument(
+        old,
+        dest=dest,
+        action=_DeprecatedAlias,
+        new=new,
+        values_map=values_map,
+        help=argparse.SUPPRESS,
+        **kwargs,
+    )
+
+
+EXAMPLES_HEADER = "examples:"
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, but the `examples:` epilog keeps its lines as written (descriptions still wrap)."""
+
+    def _fill_text(self, text, width, indent):
+        if text.startswith(EXAMPLES_HEADER):
+            return "\n".join(indent + line for line in text.splitlines())
+        return super()._fill_text(text, width, indent)
+
+
+def examples(*lines: str) -> dict:
+    """`add_parser` keywords that end `--help` with these example command lines (`# ...` comments kept)."""
+    text = EXAMPLES_HEADER + "\n" + "\n".join(f"  {line}" for line in lines)
+    return {"epilog": text, "formatter_class": HelpFormatter}
 
 
 def add_device_argument(parser) -> None:

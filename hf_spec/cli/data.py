@@ -9,8 +9,10 @@ import argparse
 
 from hf_spec.cli.argtypes import nonnegative_int, positive_float, positive_int
 from hf_spec.cli.common import (
+    DATA_DTYPE,
     add_device_argument,
     add_dtype_argument,
+    examples,
     loading_kwargs,
     resolve_device,
     resolve_dtype,
@@ -52,24 +54,47 @@ def add_data_args(parser: argparse.ArgumentParser, prompts_required: bool = True
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("data", help="build the training data of heads: target answers, features")
+    parser = subparsers.add_parser(
+        "data",
+        help="build the training data of heads: target answers, features",
+        **examples(
+            "hf-spec data responses --target smollm2-135m-instruct --prompts TRAIN.json",
+            "hf-spec data features --target smollm2-135m-instruct --prompts TRAIN.json",
+        ),
+    )
     steps = parser.add_subparsers(dest="step", required=True)
-    responses = steps.add_parser("responses", help="generate (or import) the target's greedy answers")
+    responses = steps.add_parser(
+        "responses",
+        help="generate (or import) the target's greedy answers",
+        **examples(
+            "hf-spec data responses --target smollm2-135m-instruct --prompts TRAIN.json --limit 200",
+            "hf-spec data responses --target qwen2.5-coder-0.5b-instruct --prompts TRAIN.json "
+            "--seed-cache ANSWERS.jsonl --dtype bfloat16",
+        ),
+    )
     add_data_args(responses)
     # bfloat16 batches cost about what one row does on AMX; the answers are tagged with their dtype
-    add_dtype_argument(responses)
+    add_dtype_argument(responses, DATA_DTYPE)
     responses.add_argument(
         "--continue-cut",
         action="store_true",
         help="continue cached answers that an earlier, smaller --max-new-tokens cut (no EOS) up to this one",
     )
     responses.set_defaults(func=run_responses)
-    features = steps.add_parser("features", help="capture the target's features and top-K probabilities")
+    features = steps.add_parser(
+        "features",
+        help="capture the target's features and top-K probabilities",
+        **examples(
+            "hf-spec data features --target smollm2-135m-instruct --prompts TRAIN.json --aux-layers eagle3",
+            "hf-spec data features --target smollm2-135m-instruct --corpus CORPUS.jsonl --limit-tokens 1000000",
+        ),
+    )
     add_data_args(features, prompts_required=False)
     features.add_argument(
         "--topk", type=positive_int, default=16, help="target probabilities kept per position"
     )
     add_corpus_args(features)
+    add_dtype_argument(features, DATA_DTYPE)  # the target's dtype in the feature forwards
     features.set_defaults(func=run_features)
 
 
@@ -102,12 +127,6 @@ def add_corpus_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--log", help="append a progress line per shard to this file")
     group.add_argument(
         "--min-free-gb", type=positive_float, default=10.0, help="stop (resumably) under this much free disk"
-    )
-    group.add_argument(
-        "--dtype",
-        choices=("auto", "float32", "bfloat16", "float16"),
-        default="float32",
-        help="the target's dtype in the feature forwards (auto: bfloat16 where the hardware multiplies it natively)",
     )
 
 

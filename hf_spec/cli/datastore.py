@@ -8,22 +8,44 @@ import sys
 import time
 
 from hf_spec.cli.argtypes import nonnegative_int, positive_int
-from hf_spec.cli.common import add_device_argument, load_target
+from hf_spec.cli.common import (
+    DATA_DTYPE,
+    add_deprecated_alias,
+    add_device_argument,
+    add_dtype_argument,
+    examples,
+    load_target,
+)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("datastore", help="build or inspect a retrieval datastore")
+    p = subparsers.add_parser(
+        "datastore",
+        help="build or inspect a retrieval datastore",
+        **examples(
+            "hf-spec datastore build --target smollm2-135m-instruct --corpus TRAIN.json --out runs/datastore",
+            "hf-spec datastore info runs/datastore",
+        ),
+    )
     sub = p.add_subparsers(dest="datastore_command", required=True)
-    b = sub.add_parser("build", help="build a datastore from training data (never from eval prompts)")
+    b = sub.add_parser(
+        "build",
+        help="build a datastore from training data (never from eval prompts)",
+        **examples(
+            "hf-spec datastore build --target qwen2.5-coder-0.5b-instruct --corpus TRAIN.json "
+            "--responses ANSWERS.jsonl --out runs/datastore",
+            "hf-spec datastore build --target qwen2.5-coder-0.5b-instruct --recipe recipe.json --out runs/datastore",
+        ),
+    )
     b.add_argument("--target", required=True, help="known model name, local folder or Hub id (its tokenizer)")
     b.add_argument(
-        "--from",
-        dest="sources",
+        "--corpus",
         action="append",
         default=[],
         metavar="FILE",
         help="training text file (.json ShareGPT, .jsonl Alpaca, .txt), segmented by the tokenizer; repeatable",
     )
+    add_deprecated_alias(b, "--from", "--corpus", metavar="FILE")
     b.add_argument(
         "--responses",
         action="append",
@@ -45,10 +67,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     b.add_argument("--early-exit-new-tokens", type=positive_int, default=64)
     b.add_argument("--recipe", default=None, help="a recipe .json instead of the source flags")
     b.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: all cores)")
+    add_dtype_argument(b, DATA_DTYPE)  # with --early-exit-prompts: the target's dtype as it continues them
     add_device_argument(b)
     b.add_argument("--out", required=True, help="output folder")
     b.set_defaults(func=run_build)
-    i = sub.add_parser("info", help="print a datastore's recipe and statistics")
+    i = sub.add_parser(
+        "info",
+        help="print a datastore's recipe and statistics",
+        **examples("hf-spec datastore info runs/datastore"),
+    )
     i.add_argument("path")
     i.set_defaults(func=run_info)
     return p
@@ -65,7 +92,7 @@ def run_build(args: argparse.Namespace) -> int:
         recipe = DatastoreRecipe.from_dict(json.loads(open(args.recipe).read()))
     else:
         recipe = DatastoreRecipe(
-            corpus=args.sources,
+            corpus=args.corpus,
             responses=args.responses,
             early_exit_prompts=args.early_exit_prompts,
             early_exit_layer=args.early_exit_layer,
@@ -73,7 +100,7 @@ def run_build(args: argparse.Namespace) -> int:
             early_exit_new_tokens=args.early_exit_new_tokens,
         )
     if recipe.empty:
-        print("no source: give --from, --responses or --early-exit-prompts (or --recipe)", file=sys.stderr)
+        print("no source: give --corpus, --responses or --early-exit-prompts (or --recipe)", file=sys.stderr)
         return 2
     set_threads(args.threads)
     start = time.perf_counter()

@@ -11,6 +11,7 @@ from hf_spec.cli.argtypes import int_at_least, nonnegative_int, positive_int
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    from hf_spec.cli.common import DATA_DTYPE, add_dtype_argument, examples
     from hf_spec.cli.data import add_data_args
     from hf_spec.training.head_eval import METHODS
 
@@ -21,8 +22,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "reading its own states from depth 2 on: on the target's answers to --prompts (generated and captured "
         "as for training, at the layers the head reads), or on a feature store (--features; without --sources "
         "its fixed held-out set, the sequences every training report on that store is evaluated on).",
+        **examples(
+            "hf-spec eval-head --target smollm2-135m-instruct --head my-head --prompts HELD_OUT.json --limit 16",
+            "hf-spec eval-head --target smollm2-135m-instruct --head my-head --features STORE --out agreement.json",
+        ),
     )
     add_data_args(parser, prompts_required=False)  # --prompts, or --features below
+    add_dtype_argument(
+        parser, DATA_DTYPE
+    )  # the target's dtype as it answers --prompts (heads train in float32)
     parser.add_argument("--head", required=True, help="head folder or Hub id (ours or a published layout)")
     parser.add_argument(
         "--method",
@@ -101,7 +109,7 @@ def _prompt_sequences(args: argparse.Namespace):
 
 def _store_sequences(args: argparse.Namespace):
     """`(target, sequences, store, about)`: a store's fixed held-out set, or every sequence of `--sources`."""
-    from hf_spec.cli.common import loading_kwargs, resolve_device, set_threads
+    from hf_spec.cli.common import loading_kwargs, resolve_device, resolve_dtype, set_threads
     from hf_spec.models.fetch import load_model
     from hf_spec.training.features import FeatureStore
     from hf_spec.training.head_eval import held_out_from_training
@@ -110,7 +118,9 @@ def _store_sequences(args: argparse.Namespace):
 
     store = FeatureStore.open(args.features)
     set_threads(args.threads)
-    target, _ = load_model(args.target, device=resolve_device(args.device), **loading_kwargs(args))
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    target, _ = load_model(args.target, dtype=dtype, device=device, **loading_kwargs(args))
     keys = (*HEAD_KEYS, "aux_features") if args.method == "eagle3" else HEAD_KEYS
     check_store(store, target, keys, f"evaluating an {args.method} head")
     if args.sources:

@@ -26,12 +26,18 @@ _WRITER_FIELDS = ("format", "format_version", "layout", "hidden_state_indices", 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register the `export` sub-command."""
+    from hf_spec.cli.common import examples
+
     parser = subparsers.add_parser(
         "export",
         help="write a draft head as an SGLang or vLLM checkpoint",
         description="Write an EAGLE-3 head (hf-spec's own or published, any layout) in the SGLang or vLLM "
         "layout, or an EAGLE-1/2 head (published, or hf-spec's trained with --architecture eagle1) in the EAGLE "
         "authors' layout as safetensors.",
+        **examples(
+            "hf-spec export my-eagle3-head --format eagle3-vllm --out my-head-vllm",
+            "hf-spec export my-eagle3-head --format eagle3-sglang --dtype float16 --out my-head-sglang",
+        ),
     )
     parser.add_argument("head", help="head folder or Hub id")
     parser.add_argument("--format", required=True, choices=FORMATS, help="checkpoint layout to write")

@@ -11,6 +11,7 @@ from hf_spec.cli.argtypes import float_in, positive_float, positive_int
 from hf_spec.cli.common import (
     add_device_argument,
     add_dtype_argument,
+    examples,
     load_target,
     set_threads,
 )
@@ -36,7 +37,17 @@ DEFAULT_TARGET = "qwen2.5-coder-0.5b-instruct"
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("generate", help="generate with a method and compare with plain generate")
+    p = subparsers.add_parser(
+        "generate",
+        help="generate with a method and compare with plain generate",
+        description="Generate once with a method, streaming the text, then time it against plain generate "
+        "(interleaved and repeated, --repeats) and say whether the outputs are the same.",
+        **examples(
+            "hf-spec generate --target smollm2-135m-instruct --method pld",
+            "hf-spec generate --target qwen2.5-coder-0.5b-instruct --method early-exit:12 --dtype float32",
+            'hf-spec generate --method pld --prompt "Summarise this: ..." --sample --temperature 0.8',
+        ),
+    )
     p.add_argument(
         "--target", default=None, help=f"known model name, folder or Hub id (default: {DEFAULT_TARGET})"
     )
@@ -48,7 +59,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float_in(0.0, 1.0), default=0.9)
     p.add_argument("--no-compare", action="store_true", help="skip the plain-generate baseline")
     p.add_argument("--threads", type=positive_int, default=None)
-    add_dtype_argument(p, default="auto")
+    add_dtype_argument(p)
     add_device_argument(p)
     p.set_defaults(func=run)
     return p

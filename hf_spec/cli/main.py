@@ -27,9 +27,20 @@ def command_modules() -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from hf_spec import __version__
+    from hf_spec.cli.common import examples
+
     parser = argparse.ArgumentParser(
-        prog="hf-spec", description="Lossless speculative decoding for transformers."
+        prog="hf-spec",
+        description="Lossless speculative decoding for transformers. Every command exits with status 2 on bad "
+        "input, after a one-line error (HF_SPEC_DEBUG=1 shows the traceback).",
+        **examples(
+            "hf-spec generate --target smollm2-135m-instruct --method pld",
+            "hf-spec check --target path/to/any-causal-lm",
+            "hf-spec COMMAND --help",
+        ),
     )
+    parser.add_argument("--version", action="version", version=f"hf-spec {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for module_name in command_modules():
         importlib.import_module(module_name).add_parser(subparsers)

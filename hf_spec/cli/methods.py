@@ -7,7 +7,13 @@ import dataclasses
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("methods", help="list the registered methods and their config fields")
+    from hf_spec.cli.common import examples
+
+    p = subparsers.add_parser(
+        "methods",
+        help="list the registered methods and their config fields",
+        **examples("hf-spec methods", "hf-spec methods | grep -A 12 '^eagle '"),
+    )
     p.set_defaults(func=run)
     return p
 

@@ -12,6 +12,7 @@ from hf_spec.cli.argtypes import positive_int
 from hf_spec.cli.common import (
     add_device_argument,
     add_dtype_argument,
+    examples,
     load_target,
     set_threads,
 )
@@ -26,11 +27,18 @@ def _ints(text: str | None) -> list[int]:
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "sweep", help="sweep a method's parameters (e.g. HiSpec's layer pair) against ar"
+        "sweep",
+        help="sweep a method's parameters (e.g. HiSpec's layer pair) against ar",
+        **examples("hf-spec sweep hispec --help"),
     )
     methods = p.add_subparsers(dest="method", required=True)
     h = methods.add_parser(
-        "hispec", help="(L_d, L_i) heat map, then N_d and N_i sweeps at the best pair; writes the best config"
+        "hispec",
+        help="(L_d, L_i) heat map, then N_d and N_i sweeps at the best pair; writes the best config",
+        **examples(
+            "hf-spec sweep hispec --target qwen2.5-coder-0.5b-instruct --prompts benchmarks/prompts/spec_bench_dev.jsonl --per-category 1 "
+            "--draft-layers 4,6,8 --verify-layers 12,16,20 --out runs/hispec-sweep",
+        ),
     )
     h.add_argument("--target", required=True, help="known model name or local folder")
     h.add_argument(

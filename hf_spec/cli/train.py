@@ -15,7 +15,18 @@ def trainer_modules() -> list[str]:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("train", help="train draft heads, exit heads and other learned parts")
+    from hf_spec.cli.common import examples
+
+    parser = subparsers.add_parser(
+        "train",
+        help="train draft heads, exit heads and other learned parts",
+        description="Train a head for a target. The trainers share their options' names: --target, --prompts, "
+        "--data-dir, --epochs, --topk, --dtype, --device, --out.",
+        **examples(
+            "hf-spec train eagle --target smollm2-135m-instruct --prompts TRAIN.json --out my-head",
+            "hf-spec train eagle --help",
+        ),
+    )
     trainers = parser.add_subparsers(dest="trainer", required=True)
     for module_name in trainer_modules():
         importlib.import_module(module_name).add_parser(trainers)

@@ -18,8 +18,17 @@ from hf_spec.cli.argtypes import (
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    from hf_spec.cli.common import examples
+
     parser = subparsers.add_parser(
-        "eagle", help="train an EAGLE draft head (HASS with --topk and --align-steps)"
+        "eagle",
+        help="train an EAGLE draft head (HASS with --topk and --align-steps)",
+        **examples(
+            "hf-spec train eagle --target smollm2-135m-instruct --prompts TRAIN.json --out my-head",
+            "hf-spec train eagle --target smollm2-135m-instruct --prompts TRAIN.json --topk 10 --align-steps 3 "
+            "--epochs 3 --out my-hass-head",
+            "hf-spec train eagle --target smollm2-135m-instruct --features STORE --sources ALL --out my-head",
+        ),
     )
     add_common_train_args(parser)
     parser.add_argument(
@@ -95,14 +104,36 @@ def add_common_train_args(parser: argparse.ArgumentParser, draft_vocab: int = 32
         action="store_true",
         help="warm-start the head's layer from the target's last layer (an unquantized target in memory)",
     )
-    parser.add_argument(
-        "--precision",
-        choices=("auto", "bf16", "fp32"),
-        default="auto",
-        help="matmul precision (auto: bf16 autocast where the hardware has native bf16, else fp32)",
-    )
+    add_training_dtype_argument(parser)
     parser.add_argument(
         "--checkpoint-dir", help="default: $HF_SPEC_CACHE/runs/<out folder name>-<hash of its path>"
+    )
+
+
+# `--dtype` of the trainers -> the training configs' `precision`
+PRECISIONS = {"auto": "auto", "bfloat16": "bf16", "float32": "fp32"}
+
+
+def add_training_dtype_argument(parser: argparse.ArgumentParser) -> None:
+    """`--dtype` of a trainer: the head's compute dtype while training (the target's answers and features are
+    float32 whatever it says); `--precision bf16|fp32` is its old spelling."""
+    from hf_spec.cli.common import add_deprecated_alias
+
+    parser.add_argument(
+        "--dtype",
+        dest="precision",
+        choices=tuple(PRECISIONS),
+        default="auto",
+        help="training compute dtype (default auto: bfloat16 autocast where the hardware multiplies it natively, "
+        "else float32); the target's answers and features stay float32",
+    )
+    add_deprecated_alias(
+        parser,
+        "--precision",
+        "--dtype",
+        dest="precision",
+        choices=("auto", "bf16", "fp32"),
+        values_map={"bf16": "bfloat16", "fp32": "float32"},
     )
 
 
@@ -156,6 +187,7 @@ def common_train_config(args: argparse.Namespace) -> dict:
     values = {key: getattr(args, key) for key in keys} | {
         key: getattr(args, key) for key in optional if getattr(args, key) is not None
     }
+    values["precision"] = PRECISIONS[values["precision"]]
     if values["draft_vocab"] is None:  # with --init-from, train_and_save takes the head's own size
         values["draft_vocab"] = args.default_draft_vocab
     if args.init_from:  # part of the run's identity: a resume keeps its start head

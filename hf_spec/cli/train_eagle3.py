@@ -17,13 +17,19 @@ from hf_spec.cli.argtypes import (
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    from hf_spec.cli.common import examples
     from hf_spec.cli.data import add_data_args
-    from hf_spec.cli.train_eagle import add_eval_every_argument, add_store_args
+    from hf_spec.cli.train_eagle import add_eval_every_argument, add_store_args, add_training_dtype_argument
 
     parser = subparsers.add_parser(
         "eagle3",
         help="train an EAGLE-3 head on the target's answers to --prompts, or on a feature store captured with "
         "--aux-layers (hf-spec data features)",
+        **examples(
+            "hf-spec train eagle3 --target smollm2-135m-instruct --prompts TRAIN.json --out my-eagle3-head",
+            "hf-spec train eagle3 --target smollm2-135m-instruct --features STORE --sources ALL --epochs 1 "
+            "--out my-eagle3-head",
+        ),
     )
     add_data_args(parser, prompts_required=False)  # --prompts, or --features below
     parser.add_argument("--out", required=True, help="output head folder")
@@ -62,7 +68,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--save-every", type=positive_int, default=50, help="checkpoint every N steps")
     add_eval_every_argument(parser)
-    parser.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto")
+    add_training_dtype_argument(parser)
     parser.add_argument("--checkpoint-dir", help="default: $HF_SPEC_CACHE/runs/<out name>-<hash of its path>")
     parser.add_argument(
         "--save-dtype",
@@ -76,7 +82,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from hf_spec.cli.train_eagle import answer_data, check_data_options, default_run_dir, store_data
+    from hf_spec.cli.train_eagle import (
+        PRECISIONS,
+        answer_data,
+        check_data_options,
+        default_run_dir,
+        store_data,
+    )
     from hf_spec.core.specs import HEAD_IN_THIS_FOLDER
     from hf_spec.heads.card import head_card
     from hf_spec.heads.hub import recipe_and_card_files
@@ -127,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
         heldout=args.heldout,
         save_every=args.save_every,
         eval_every=args.eval_every,
-        precision=args.precision,
+        precision=PRECISIONS[args.precision],
         extra={"init_from": args.init_from} if args.init_from else {},
     )
     run_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else default_run_dir(out)

@@ -8,30 +8,46 @@ import sys
 from pathlib import Path
 
 from hf_spec.cli.argtypes import int_at_least, nonnegative_int, positive_float, positive_int
-from hf_spec.cli.common import add_device_argument, load_target, set_threads
+from hf_spec.cli.common import (
+    DATA_DTYPE,
+    add_deprecated_alias,
+    add_device_argument,
+    add_dtype_argument,
+    examples,
+    load_target,
+    set_threads,
+)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "exits", help="fit light exit heads (adapter -> frozen final norm + LM head) by distillation"
+        "exits",
+        help="fit light exit heads (adapter -> frozen final norm + LM head) by distillation",
+        **examples(
+            "hf-spec train exits --target smollm2-135m-instruct --layers 8,16,24 --responses ANSWERS.jsonl "
+            "--out my-exits",
+        ),
     )
     p.add_argument("--target", required=True, help="known model name or local folder")
+    add_dtype_argument(p, DATA_DTYPE)
     add_device_argument(p)
     p.add_argument("--layers", required=True, help="comma list of exit layers, e.g. 4,8,12,16,20")
     p.add_argument("--out", required=True, help="output folder (config.json, model.safetensors, README.md)")
-    p.add_argument(
-        "--data",
-        required=True,
-        help="response cache .jsonl with 'prompt' and 'response' (training prompts only, never eval); "
+    responses = p.add_mutually_exclusive_group(required=True)  # required, and its old spelling counts
+    responses.add_argument(
+        "--responses",
+        help="the target's answers, .jsonl with 'prompt' and 'response' (training prompts only, never eval); "
         "'{target}' in it is replaced by the target's folder name",
     )
+    add_deprecated_alias(responses, "--data", "--responses")
     p.add_argument(
         "--rank", type=nonnegative_int, default=64, help="rank of each adapter's low-rank correction"
     )
     p.add_argument("--steps", type=positive_int, default=600)
     p.add_argument("--batch-size", type=positive_int, default=256, help="positions per step")
     p.add_argument("--lr", type=positive_float, default=2e-3)
-    p.add_argument("--top-k", type=positive_int, default=32, help="teacher tokens kept per position")
+    p.add_argument("--topk", type=positive_int, default=32, help="teacher tokens kept per position")
+    add_deprecated_alias(p, "--top-k", "--topk", type=positive_int)
     p.add_argument("--negatives", type=nonnegative_int, default=1024, help="random negative tokens per batch")
     p.add_argument(
         "--max-positions", type=positive_int, default=60000, help="training positions to extract at most"
@@ -48,7 +64,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--vocab-texts",
         default="",
         help="comma list of training files (ShareGPT .json, Alpaca-style .jsonl) whose texts count for the draft "
-        "vocabulary besides --data (default: --data alone)",
+        "vocabulary besides --responses (default: --responses alone)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -83,9 +99,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"--layers must be a comma list of integers, got {args.layers!r}", file=sys.stderr)
         return 2
     check_output_folder(args.out, holds_model_type(MODEL_TYPE), "exit-heads folder")  # before any work
-    data = args.data.format(target=Path(args.target).name)
+    data = args.responses.format(target=Path(args.target).name)
     if not Path(data).is_file():
-        print(f"no training data at {data} (pass --data)", file=sys.stderr)
+        print(f"no training data at {data} (pass --responses)", file=sys.stderr)
         return 2
     missing = [path for path in filter(None, args.vocab_texts.split(",")) if not Path(path).is_file()]
     if missing:
@@ -111,8 +127,8 @@ def run(args: argparse.Namespace) -> int:
             f"{args.max_len} shorter than the prompts)"
         )
     vocab = model.get_output_embeddings().weight.shape[0]
-    if args.top_k > vocab:
-        raise ValueError(f"--top-k {args.top_k} exceeds the target's vocabulary ({vocab} tokens)")
+    if args.topk > vocab:
+        raise ValueError(f"--topk {args.topk} exceeds the target's vocabulary ({vocab} tokens)")
     kept, positions = [], 0
     for ids, start in train:
         if positions >= args.max_positions:
@@ -122,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
 
     processes = current_processes()
     bars = tqdm if processes.is_main else None
-    extract = dict(layers=layers, top_k=args.top_k, work_dir=work, progress=bars)
+    extract = dict(layers=layers, top_k=args.topk, work_dir=work, progress=bars)
     # the main process extracts the features into the work folder, the others read them
     with processes.main_first():
         (train_feats, t_train), (held_feats, t_held) = (
@@ -157,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
         "train_positions": len(train_feats),
         "heldout_sequences": len(heldout),
         "heldout_positions": min(len(held_feats), 2048),
-        "top_k": args.top_k,
+        "top_k": args.topk,
         "negatives": args.negatives,
         "steps": args.steps,
         "batch_size": args.batch_size,

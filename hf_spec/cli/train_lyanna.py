@@ -9,7 +9,15 @@ from hf_spec.cli.train_eagle import add_common_train_args, common_train_config, 
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("lyanna", help="train a Lyanna hidden-state auto-regressive draft head")
+    from hf_spec.cli.common import examples
+
+    parser = subparsers.add_parser(
+        "lyanna",
+        help="train a Lyanna hidden-state auto-regressive draft head",
+        **examples(
+            "hf-spec train lyanna --target smollm2-135m-instruct --prompts TRAIN.json --chain-steps 4 --out my-head",
+        ),
+    )
     add_common_train_args(parser)
     parser.add_argument(
         "--chain-steps", type=positive_int, default=4, help="chain depths unrolled in training"

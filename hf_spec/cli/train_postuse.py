@@ -25,7 +25,16 @@ from hf_spec.io.jsonl import read_json, read_jsonl
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("postuse", help="learn a Post-use & Pre-cut Q-table on training prompts")
+    from hf_spec.cli.common import examples
+
+    p = subparsers.add_parser(
+        "postuse",
+        help="learn a Post-use & Pre-cut Q-table on training prompts",
+        **examples(
+            "hf-spec train postuse --target qwen2.5-coder-0.5b-instruct --config postuse.json --prompts TRAIN.json "
+            "--limit 40 --out q_table.json",
+        ),
+    )
     p.add_argument("--target", required=True, help="known model name, local folder or Hub id")
     p.add_argument("--config", required=True, help="postuse config .json (its q_table, if set, is the start)")
     p.add_argument(
@@ -84,13 +93,13 @@ def run(args: argparse.Namespace) -> int:
     check_output_file(args.out, is_q_table, "Pre-cut Q-table")  # before the training run, not after it
     config = PostUseConfig.from_pretrained(args.config)
     if not config.precut:
-        raise SystemExit(f"{args.config} has precut off: there is no Q-table to learn")
+        raise ValueError(f"{args.config} has precut off: there is no Q-table to learn")
     config.freeze = False
     if args.epsilon is not None:
         config.epsilon = args.epsilon
     prompts = read_prompts(args.prompts)[args.skip : args.skip + args.limit]
     if not prompts:
-        raise SystemExit(f"no prompts in {args.prompts} after --skip {args.skip}")
+        raise ValueError(f"no prompts in {args.prompts} after --skip {args.skip}")
     set_threads(args.threads)
     model, tokenizer = load_target(args)
     decoder = SpeculativeDecoder(config, tokenizer=tokenizer)

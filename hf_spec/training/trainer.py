@@ -192,7 +192,7 @@ def autocast_dtype(precision: str, device: torch.device | str = "cpu") -> torch.
         return None
     if precision == "bf16":
         if not torch.amp.is_autocast_available(kind):
-            raise ValueError(f"precision bf16: torch has no autocast on {kind!r}; use --precision fp32")
+            raise ValueError(f"precision bf16: torch has no autocast on {kind!r}; use --dtype float32")
         return torch.bfloat16
     if kind == "cuda":
         return torch.bfloat16
