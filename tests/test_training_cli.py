@@ -484,7 +484,7 @@ def test_a_checkpoint_from_before_a_setting_existed_resumes_with_its_default(tmp
 def test_init_from_last_layer_reaches_the_training_config():
     """`--init-from-last-layer` (named in the errors a quantized target gives) is a flag of the head trainers."""
     from hf_spec.cli.main import build_parser
-    from hf_spec.cli.train_eagle import common_train_config
+    from hf_spec.cli.training_args import common_train_config
 
     for kind in ("eagle", "lyanna"):
         args = build_parser().parse_args(

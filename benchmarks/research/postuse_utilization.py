@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 
 from hf_spec.bench.runner import encode_chat
-from hf_spec.cli.train_postuse import read_prompts
 from hf_spec.decoder import SpeculativeDecoder
 from hf_spec.methods.postuse.config import PostUseConfig
 from hf_spec.models import load_model
+from hf_spec.training.postuse import read_prompts
 
 
 def run_variant(model, tokenizer, config: PostUseConfig, prompts: list[str], max_new_tokens: int) -> dict:

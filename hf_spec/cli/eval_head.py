@@ -59,7 +59,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hf_spec.cli.train_eagle import check_data_options
+    from hf_spec.cli.training_args import check_data_options
     from hf_spec.io.output_folder import check_output_file
     from hf_spec.training.head_eval import head_agreement, head_method, load_for_evaluation
 
@@ -99,8 +99,8 @@ def run(args: argparse.Namespace) -> int:
 def _prompt_sequences(args: argparse.Namespace):
     """`(target, sequences, store, about)`: the target's answers to `--prompts` (generated and captured when
     missing, as training does; an EAGLE-3 head's layers kept)."""
-    from hf_spec.cli.train_eagle import answer_data
     from hf_spec.cli.train_eagle3 import layers_read_by
+    from hf_spec.cli.training_args import answer_data
 
     aux = layers_read_by(args.head) if args.method == "eagle3" else None
     target, sequences, _, _, store, _ = answer_data(args, "evaluation", aux)

@@ -11,7 +11,7 @@ import sys
 from hf_spec.core import envs
 
 # every module of this package but these defines one sub-command with `add_parser(subparsers)`
-_NOT_COMMANDS = {"main", "common", "argtypes"}
+_NOT_COMMANDS = {"main", "common", "argtypes", "training_args"}
 
 
 def command_modules() -> list[str]:

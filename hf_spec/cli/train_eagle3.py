@@ -19,7 +19,7 @@ from hf_spec.cli.argtypes import (
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     from hf_spec.cli.common import examples
     from hf_spec.cli.data import add_data_args
-    from hf_spec.cli.train_eagle import add_eval_every_argument, add_store_args, add_training_dtype_argument
+    from hf_spec.cli.training_args import add_eval_every_argument, add_store_args, add_training_dtype_argument
 
     parser = subparsers.add_parser(
         "eagle3",
@@ -82,7 +82,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from hf_spec.cli.train_eagle import (
+    from hf_spec.cli.training_args import (
         PRECISIONS,
         answer_data,
         check_data_options,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from hf_spec.cli.argtypes import nonnegative_int, positive_int
-from hf_spec.cli.train_eagle import add_common_train_args, common_train_config, train_and_save
+from hf_spec.cli.training_args import add_common_train_args, common_train_config, train_and_save
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from hf_spec.cli.argtypes import nonnegative_int, positive_int
 from hf_spec.cli.common import (
@@ -21,7 +20,6 @@ from hf_spec.cli.common import (
     load_target,
     set_threads,
 )
-from hf_spec.io.jsonl import read_json, read_jsonl
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -52,75 +50,24 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def read_prompts(path: str | Path) -> list[str]:
-    """First user turns of a ShareGPT `.json`, an Alpaca seed-task `.jsonl` (instruction + first input) or a
-    Spec-Bench `.jsonl` (`turns[0]`)."""
-    path = Path(path)
-    if path.suffix == ".json":
-        rows = read_json(path)
-        out = []
-        for row in rows:
-            turns = [t["value"] for t in row.get("conversations", []) if t.get("from") == "human"]
-            if turns and turns[0].strip():
-                out.append(turns[0])
-        return out
-    out = []
-    for line_no, row in read_jsonl(path):
-        if "turns" in row:
-            out.append(row["turns"][0])
-        elif "instruction" in row:
-            extra = (row.get("instances") or [{}])[0].get("input", "")
-            out.append((row["instruction"] + "\n" + extra).strip())
-        else:
-            raise ValueError(f"{path}:{line_no}: neither Spec-Bench `turns` nor Alpaca `instruction`")
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
-    import torch
-    from tqdm.auto import tqdm
-
-    from hf_spec.training.distributed import check_single_process
-
-    check_single_process("hf-spec train postuse")  # its episodes decode one after another
-
-    from hf_spec.bench.prompts import encode_chat
-    from hf_spec.decoder import SpeculativeDecoder
     from hf_spec.io.output_folder import check_output_file
     from hf_spec.methods.postuse.config import PostUseConfig
     from hf_spec.methods.postuse.controller import is_q_table
+    from hf_spec.training.distributed import check_single_process
+    from hf_spec.training.postuse import learn_q_table, read_prompts
 
+    check_single_process("hf-spec train postuse")  # its episodes decode one after another
     check_output_file(args.out, is_q_table, "Pre-cut Q-table")  # before the training run, not after it
     config = PostUseConfig.from_pretrained(args.config)
     if not config.precut:
         raise ValueError(f"{args.config} has precut off: there is no Q-table to learn")
-    config.freeze = False
-    if args.epsilon is not None:
-        config.epsilon = args.epsilon
     prompts = read_prompts(args.prompts)[args.skip : args.skip + args.limit]
     if not prompts:
         raise ValueError(f"no prompts in {args.prompts} after --skip {args.skip}")
     set_threads(args.threads)
     model, tokenizer = load_target(args)
-    decoder = SpeculativeDecoder(config, tokenizer=tokenizer)
-    drafter = decoder.drafter_for(model)
-    bar = tqdm(prompts, desc="train postuse", unit="prompt")
-    for text in bar:
-        ids = encode_chat(tokenizer, [{"role": "user", "content": text}]).to(model.device)
-        with torch.no_grad():
-            model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=args.max_new_tokens,
-                do_sample=False,
-                custom_generate=decoder,
-            )
-        st = drafter.stats
-        bar.set_postfix(
-            util=f"{st.chain_accepted / max(st.chain_tokens, 1):.2f}",
-            len=f"{st.chain_tokens / max(st.rounds, 1):.1f}",
-            c_T=f"{drafter.target_cost:.2f}",
-        )
+    drafter = learn_q_table(model, tokenizer, config, prompts, args.max_new_tokens, args.epsilon)
     drafter.save_q_table(args.out)
     print(json.dumps(drafter.stats.to_dict(), indent=1))
     print(f"wrote {args.out} ({len(drafter.controller.table)} states, {drafter.controller.updates} updates)")
