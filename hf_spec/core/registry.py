@@ -10,11 +10,6 @@ from __future__ import annotations
 import importlib
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from hf_spec.core.config import MethodConfig
-    from hf_spec.core.drafter import Drafter
 
 # name -> the package that registers it on import
 BUILTIN_METHODS: dict[str, str] = {
@@ -34,15 +29,18 @@ BUILTIN_METHODS: dict[str, str] = {
 
 @dataclass(frozen=True)
 class MethodEntry:
+    """A registered method. The registry imports nothing of hf-spec's (configs and drafters import it), so the
+    classes are typed loosely here."""
+
     name: str
-    config_cls: type[MethodConfig]
-    drafter_cls: type[Drafter]
+    config_cls: type  # a `hf_spec.core.config.MethodConfig` subclass
+    drafter_cls: type  # a `hf_spec.core.drafter.Drafter` subclass
 
 
 _METHODS: dict[str, MethodEntry] = {}
 
 
-def register_method(name: str, config_cls: type[MethodConfig], drafter_cls: type[Drafter]) -> None:
+def register_method(name: str, config_cls: type, drafter_cls: type) -> None:
     """Make `name` a method: `config_cls.method` must be `name`; names are lowercase words joined by '-'."""
     if not re.fullmatch(r"[a-z][a-z0-9-]*", name):
         raise ValueError(f"method names are lowercase words joined by '-', got {name!r}")
