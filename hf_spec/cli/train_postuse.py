@@ -83,11 +83,11 @@ def run(args: argparse.Namespace) -> int:
 
     check_output_file(args.out, is_q_table, "Pre-cut Q-table")  # before the training run, not after it
     config = PostUseConfig.from_pretrained(args.config)
-    if not config.precut:
+    if config.precut is None:
         raise SystemExit(f"{args.config} has precut off: there is no Q-table to learn")
-    config.freeze = False
+    config.precut.freeze = False
     if args.epsilon is not None:
-        config.epsilon = args.epsilon
+        config.precut.epsilon = args.epsilon
     prompts = read_prompts(args.prompts)[args.skip : args.skip + args.limit]
     if not prompts:
         raise SystemExit(f"no prompts in {args.prompts} after --skip {args.skip}")
