@@ -88,7 +88,8 @@ class PostUseDrafter(Drafter):
         if (config.reuse_draft is not None or config.precut is not None) and not self.stepwise:
             raise ValueError(
                 f"postuse reuse_draft/precut drive the drafter one forward at a time; "
-                f"{type(self.inner).__name__} does not support that (StepwiseDrafter). Use reuse_target only."
+                f"{type(self.inner).__name__} does not support that (StepwiseDrafter). Use reuse_target only "
+                "(reuse_draft and precut null)."
             )
         self.cache: TokenCache | None = None
         if config.reuse_draft is not None or config.reuse_target is not None:
