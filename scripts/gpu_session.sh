@@ -4,8 +4,8 @@
 # (benchmarks/gpu_train_check.py: capture with DOCS_PER_FORWARD documents a forward, default 1 then 8, EAGLE-3 and HASS
 # training timed, the heads lossless on the GPU); the CUDA
 # tests (tests/test_cuda.py: every method lossless on CUDA with both backends, sampling chi-square); then
-# benchmarks/gpu_check.py (1B- then 8B-shaped random-weight targets; CHECK_S=0 skips it). On an H200 the tests took
-# 97 s and the 1B shape 152 s; each step has its own time limit so a slow one cannot starve the next.
+# benchmarks/gpu_check.py (1B- then 8B-shaped random-weight targets; CHECK_S=0 skips it). Each step has its own
+# time limit (TRAIN_S, TEST_S, CHECK_S seconds) so a slow one cannot starve the next.
 #   scripts/gpu_session.sh [OUT]
 set -u
 OUT=${1:-${OUT:-runs/gpu-session}}

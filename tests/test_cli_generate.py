@@ -47,6 +47,9 @@ def test_methods_lists_every_field_with_its_default(capsys):
     out = capsys.readouterr().out
     assert "pld  (name:VALUE sets num_draft_tokens)" in out
     assert "    datastore = {}: " in out  # a factory default shows its value
+    assert "    switch (None: off): " in out
+    assert "    switch.rule = 'match' ['match' | 'cost' | 'best']: " in out
+    assert "    precut.alpha = 0.1: " in out  # the fields of a config's parts, by their dotted names
     assert "MISSING" not in out
 
 

@@ -80,16 +80,17 @@ CASES: dict[str, Callable] = {
         )
     ),
     "eagle3": lambda m, d: f"eagle3:{_eagle3(m, d / 'eagle3')}",
-    "postuse": lambda m, d: PostUseConfig(drafter="early-exit:2", reuse_draft=True, precut=True),
+    "postuse": lambda m, d: PostUseConfig(drafter="early-exit:2"),  # reuse at both sides and Pre-cut
     "talon": lambda m, d: TalonConfig(
         retrieval={"datastore_path": _datastore(m, d / "ds")}, drafter="early-exit:2"
     ),
-    "talon-async": lambda m, d: TalonConfig(retrieval=None, drafter="early-exit:2", mode="async"),
+    "talon-async": lambda m, d: TalonConfig(
+        retrieval=None, drafter="early-exit:2", schedule={"mode": "async"}
+    ),
     "postuse-eagle": lambda m, d: PostUseConfig(
         drafter=EagleConfig(
             head=_head(EagleHeadModel, EagleHeadConfig, m, d / "eagle", EagleConfig(head="."))
         ),
-        reuse_draft=True,
     ),
 }
 

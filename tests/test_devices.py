@@ -96,10 +96,13 @@ def test_method_options_off_the_cpu(on_device):
 
     cpu, moved = on_device
     for seed in (1, 3):
-        fixed = PostUseConfig(drafter="early-exit:2", precut=False, draft_length=2, admit_prompt=True)
+        fixed = PostUseConfig(
+            drafter="early-exit:2", precut=None, draft_length=2, cache={"admit_prompt": True}
+        )
         check_greedy(cpu, moved, PostUseDrafter(fixed, moved), seed=seed)
         check_greedy(cpu, moved, PostUseDrafter(PostUseConfig(drafter="early-exit:2"), moved), seed=seed)
-        check_greedy(cpu, moved, TalonDrafter(TalonConfig(switch="best", extend_tokens=3), moved), seed=seed)
+        talon = TalonConfig(switch={"rule": "best"}, fusion={"extend_tokens": 3})
+        check_greedy(cpu, moved, TalonDrafter(talon, moved), seed=seed)
     ids = prompt_ids(12, seed=2).to(moved.device)
     for spec in ("early-exit:2", "talon", "hispec"):
         decoder = SpeculativeDecoder(spec)
@@ -269,7 +272,7 @@ def test_heads_in_batches_and_sampling_off_the_cpu(on_device, tmp_path):
             LyannaConfig(depth=3, topk=2, budget=4, head=str(tmp_path / "lyanna")), moved
         ),
         "postuse": lambda: PostUseDrafter(
-            PostUseConfig(drafter={"method": "eagle", **eagle_cfg}, precut=False), moved
+            PostUseConfig(drafter={"method": "eagle", **eagle_cfg}, precut=None), moved
         ),
     }
     ids = torch.zeros(2, 10, dtype=torch.long)

@@ -385,9 +385,12 @@ def test_draft_steps_keep_absolute_positions_after_a_capped_catch_up(trained):
 def test_postuse_around_a_head_equals_generate(trained, name):
     """Post-use & Pre-cut wrap an EAGLE head step-wise (drafter-side reuse, Pre-cut) and at the target."""
     model, head, _, _ = trained
-    kw = {"all": dict(max_draft_length=6), "precut-only": dict(reuse_draft=False, reuse_target=False)}[name]
+    kw = {
+        "all": dict(precut={"max_draft_length": 6, "warmup_rounds": 2}),
+        "precut-only": dict(reuse_draft=None, reuse_target=None, precut={"warmup_rounds": 2}),
+    }[name]
     inner = EagleDrafter(EagleConfig(), model, head=head)
-    drafter = PostUseDrafter(PostUseConfig(drafter="eagle", warmup_rounds=2, **kw), model, inner=inner)
+    drafter = PostUseDrafter(PostUseConfig(drafter="eagle", **kw), model, inner=inner)
     dec = SpeculativeDecoder(drafter)
     for seed in (1, 2):
         ids = prompt_ids(12, seed=seed)

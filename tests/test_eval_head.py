@@ -91,7 +91,9 @@ def test_agreement_on_the_heldout_set_is_the_training_reports(
             json.dumps(report | {"started_from": start})
         )  # a start head trained elsewhere or on them
         assert held_out_from_training(str(head), report["heldout_ids"]) is False
-    report_file.write_text(saved)  # the folder's checksum list covers its report: loading it again needs it whole
+    report_file.write_text(
+        saved
+    )  # the folder's checksum list covers its report: loading it again needs it whole
     # another selection: every sequence of a source
     assert main([*args[:-2], "--sources", "text", "--depths", "5", "--out", str(out)]) == 0
     other = json.loads(out.read_text())

@@ -316,7 +316,7 @@ def test_talon_exit_drafter_takes_the_configs_heads_and_draft_weights(
     layers = []
     real = ExitLM.logits
     monkeypatch.setattr(ExitLM, "logits", lambda self, layer, h: layers.append(layer) or real(self, layer, h))
-    dec = SpeculativeDecoder(TalonConfig(retrieval=None, drafter=str(path), mode=mode))
+    dec = SpeculativeDecoder(TalonConfig(retrieval=None, drafter=str(path), schedule={"mode": mode}))
     for seed in (11, 12):
         ids = prompt_ids(12, seed=seed)
         ref = model.generate(ids, max_new_tokens=40, do_sample=False)

@@ -149,7 +149,11 @@ def test_target_side_tree_logits_equal_per_path_forwards(tiny_model):
     """A verification tree with cached branches grafted behind the last draft tokens: every node's logits from
     the one masked forward equal a plain forward of the committed text + that node's path."""
     cfg = PostUseConfig(
-        drafter="early-exit:2", precut=False, reuse_draft=False, draft_length=3, max_tree_nodes=30
+        drafter="early-exit:2",
+        precut=None,
+        reuse_draft=None,
+        draft_length=3,
+        reuse_target={"max_tree_nodes": 30},
     )
     drafter = PostUseDrafter(cfg, tiny_model)
     ids = prompt_ids(12, seed=5)
@@ -310,7 +314,7 @@ def test_rewards_useful_and_accepted(tiny_llama):
 
     for reward, expected in [("useful", [1, 3]), ("accepted", [1, 1]), ("committed", [2, 2])]:
         drafter = PostUseDrafter(
-            PostUseConfig(drafter="early-exit:2", reward=reward, target_cost=2.0), tiny_llama
+            PostUseConfig(drafter="early-exit:2", precut={"reward": reward, "target_cost": 2.0}), tiny_llama
         )
         rnd = PostUseRound(
             [0, 1, 2, 3, 4], [0, 1, 2, 3], call_ends=[2, 4], states=[(1, 0), (2, 0)], grafted_from=4
@@ -330,31 +334,51 @@ def test_config_specs_and_errors(tiny_llama, tmp_path):
     assert PostUseDrafter(loaded, tiny_llama).inner.exit_layer == 1
     with pytest.raises(ValueError, match="does not support that"):
         PostUseDrafter(PostUseConfig(drafter="pld"), tiny_llama)
-    with pytest.raises(ValueError, match="reward"):
-        PostUseConfig(reward="speed")
-    with pytest.raises(ValueError, match="max_tree_nodes must be >= 0"):
-        PostUseConfig(max_tree_nodes=-1)
-    with pytest.raises(ValueError, match="auto_tree_tolerance"):
-        PostUseConfig(max_tree_nodes=0, auto_tree_tolerance=0.9)
+    with pytest.raises(
+        ValueError, match="postuse.precut: reward must be 'useful', 'accepted' or 'committed'"
+    ):
+        PostUseConfig(precut={"reward": "speed"})
+    with pytest.raises(ValueError, match="postuse.reuse_target: max_tree_nodes must be >= 0, got -1"):
+        PostUseConfig(reuse_target={"max_tree_nodes": -1})
+    with pytest.raises(ValueError, match="postuse.reuse_target: auto_tree_tolerance must be >= 1"):
+        PostUseConfig(reuse_target={"max_tree_nodes": 0, "auto_tree_tolerance": 0.9})
+    for bad, message in [
+        ({"draft_length": 0}, "postuse: draft_length must be >= 1, got 0"),
+        ({"cache": {"phrase_length": 1}}, r"postuse.cache: phrase_length \(beta\) must be >= 2"),
+        ({"cache": {"pool_size": 0}}, "postuse.cache: pool_size must be >= 1, got 0"),
+        ({"reuse_draft": {"phrases": -1}}, "postuse.reuse_draft: phrases must be >= 0"),
+        ({"reuse_target": {"anchors": -2}}, "postuse.reuse_target: anchors must be >= 0"),
+        ({"precut": {"max_draft_length": 0}}, "postuse.precut: max_draft_length must be >= 1"),
+        ({"precut": {"alpha": "fast"}}, "postuse.precut: alpha must be float, got 'fast'"),
+        ({"precut": {"alpha": 0.1, "lr": 3}}, r"unknown postuse.precut config keys \['lr'\]"),
+        ({"precut": 5}, "postuse: precut must be a dict of its settings or null"),
+    ]:
+        with pytest.raises((ValueError, TypeError), match=message):
+            PostUseConfig(**bad)
     with pytest.raises(ValueError, match="not itself"):
         PostUseDrafter(PostUseConfig(drafter={"method": "postuse"}), tiny_llama)
     with pytest.raises(ValueError, match="cannot wrap hispec: it runs its own verification forward"):
         PostUseDrafter(
-            PostUseConfig(drafter="hispec", reuse_draft=False, precut=False),
+            PostUseConfig(drafter="hispec", reuse_draft=None, precut=None),
             make_tiny_model("llama", layers=6),
         )
     with pytest.raises(FileNotFoundError, match="Q-table"):
-        PostUseDrafter(PostUseConfig(drafter="early-exit:1", q_table=str(tmp_path / "none.json")), tiny_llama)
+        config = PostUseConfig(drafter="early-exit:1", precut={"q_table": str(tmp_path / "none.json")})
+        PostUseDrafter(config, tiny_llama)
 
 
 # ---- the whole loop -------------------------------------------------------------------------------------
 CONFIGS = {  # max_draft_length is kept small: the default table continues (CONTINUE starts above STOP)
-    "all": dict(max_draft_length=6),
-    "fixed": dict(reuse_draft=False, reuse_target=False, precut=False, draft_length=4),
-    "draft-reuse": dict(reuse_target=False, precut=False, draft_length=6),
-    "target-reuse": dict(reuse_draft=False, precut=False, draft_length=2),
-    "precut-only": dict(reuse_draft=False, reuse_target=False, warmup_rounds=2, max_draft_length=6),
-    "measured-tree": dict(max_draft_length=6, max_tree_nodes=0, auto_tree_max=9),
+    "all": dict(precut={"max_draft_length": 6}),
+    "fixed": dict(reuse_draft=None, reuse_target=None, precut=None, draft_length=4),
+    "draft-reuse": dict(reuse_target=None, precut=None, draft_length=6),
+    "target-reuse": dict(reuse_draft=None, precut=None, draft_length=2),
+    "precut-only": dict(
+        reuse_draft=None, reuse_target=None, precut={"warmup_rounds": 2, "max_draft_length": 6}
+    ),
+    "measured-tree": dict(
+        precut={"max_draft_length": 6}, reuse_target={"max_tree_nodes": 0, "auto_tree_max": 9}
+    ),
 }
 
 
@@ -390,7 +414,11 @@ def test_measured_tree_budget(tiny_llama):
     """`max_tree_nodes: 0`: the first generation times verifications on its own cache (left as it was) and keeps a
     budget in [1, auto_tree_max]; later generations reuse it; grafted trees stay within it."""
     drafter = _postuse(
-        "early-exit", tiny_llama, max_tree_nodes=0, auto_tree_max=9, draft_length=2, precut=False
+        "early-exit",
+        tiny_llama,
+        reuse_target={"max_tree_nodes": 0, "auto_tree_max": 9},
+        draft_length=2,
+        precut=None,
     )
     ids = prompt_ids(12, seed=4)
     cache = DynamicCache(config=tiny_llama.config)
@@ -410,7 +438,7 @@ def test_measured_tree_budget(tiny_llama):
     )
     budget, costs = drafter.tree_budget, drafter.verification_costs
     assert 1 <= budget <= 9 and sorted(costs) == [1, 3, 5, 7, 9]
-    assert budget == flat_tree_budget(costs, drafter.config.auto_tree_tolerance)
+    assert budget == flat_tree_budget(costs, drafter.config.reuse_target.auto_tree_tolerance)
     grafted = drafter._graft_cached(DraftTree.chain([1, 2]), [0, 1, 2], [-1, 0, 1], max_depth=10)
     assert len(grafted) <= max(budget, 2)
     tiny_llama.generate(ids, max_new_tokens=10, do_sample=False, custom_generate=decoder)
@@ -423,7 +451,8 @@ def test_measured_budget_falls_back_in_transformers_loop(tiny_llama):
 
     ids = prompt_ids(12, seed=9)
     ref = tiny_llama.generate(ids, max_new_tokens=20, do_sample=False)
-    decoder = SpeculativeDecoder(PostUseConfig(drafter="early-exit:2", max_tree_nodes=0, precut=False))
+    config = PostUseConfig(drafter="early-exit:2", reuse_target={"max_tree_nodes": 0}, precut=None)
+    decoder = SpeculativeDecoder(config)
     with enable_assistant(tiny_llama, loop="transformers"):
         out = tiny_llama.generate(ids, max_new_tokens=20, do_sample=False, assistant_model=decoder)
     assert torch.equal(out, ref)
@@ -441,7 +470,7 @@ def test_flat_tree_budget_arithmetic():
 
 def test_reuse_pays_on_repetitive_text(tiny_llama):
     """Generating the same prompt again: the cached phrases are accepted at both sides."""
-    decoder = SpeculativeDecoder(_postuse("early-exit", tiny_llama, precut=False, draft_length=3))
+    decoder = SpeculativeDecoder(_postuse("early-exit", tiny_llama, precut=None, draft_length=3))
     ids = prompt_ids(10, seed=3)
     per_call = []
     for _ in range(2):
@@ -457,7 +486,10 @@ def test_reuse_pays_on_repetitive_text(tiny_llama):
 
 def test_memory_stays_bounded_over_a_long_generation(tiny_llama):
     drafter = _postuse(
-        "early-exit", tiny_llama, pool_size=6, phrases_per_anchor=3, max_draft_length=5, benefit_buckets=4
+        "early-exit",
+        tiny_llama,
+        cache={"pool_size": 6, "phrases_per_anchor": 3},
+        precut={"max_draft_length": 5, "benefit_buckets": 4},
     )  # 3 x 200 tokens
     decoder = SpeculativeDecoder(drafter)
     ids = prompt_ids(10, seed=7)
@@ -476,12 +508,14 @@ def test_memory_stays_bounded_over_a_long_generation(tiny_llama):
 def test_sampling_matches_plain_sampling(kind):
     target = make_tiny_model("llama", seed=11, vocab_size=V, layers=3, temperature=2.0)
     if kind == "early-exit":
-        drafter = PostUseDrafter(PostUseConfig(drafter="early-exit:2", max_draft_length=3), target)
+        drafter = PostUseDrafter(
+            PostUseConfig(drafter="early-exit:2", precut={"max_draft_length": 3}), target
+        )
     else:
         draft = make_tiny_model("llama", seed=12, vocab_size=V, layers=1, temperature=2.0)
         inner = DraftModelDrafter(DraftModelConfig(), target, draft_model=draft)
         drafter = PostUseDrafter(
-            PostUseConfig(drafter="draft-model", max_draft_length=3), target, inner=inner
+            PostUseConfig(drafter="draft-model", precut={"max_draft_length": 3}), target, inner=inner
         )
     n = 600
     pvalues, _ = sampled_marginals_pvalues(target, lambda: SpeculativeDecoder(drafter), n=n, seed=2025)
@@ -498,7 +532,7 @@ def test_train_postuse_cli_writes_a_table(tmp_path, capsys, dtype, keep_threads)
     from hf_spec.cli.main import main
     from tests.conftest import STORIES
 
-    config = PostUseConfig(drafter="early-exit:3", precut=True, max_draft_length=4, warmup_rounds=2)
+    config = PostUseConfig(drafter="early-exit:3", precut={"max_draft_length": 4, "warmup_rounds": 2})
     config.save_pretrained(tmp_path / "cfg")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(
@@ -518,7 +552,7 @@ def test_train_postuse_cli_writes_a_table(tmp_path, capsys, dtype, keep_threads)
     assert main([*argv, "--max-new-tokens", "24", "--threads", "1", "--dtype", dtype, "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert f"wrote {out}" in text and json.loads(text[: text.index("wrote")])["rounds"] > 0
-    learned = PreCutController(max_calls=4, benefit_buckets=config.benefit_buckets)
+    learned = PreCutController(max_calls=4, benefit_buckets=config.precut.benefit_buckets)
     learned.load(out)
     assert learned.updates > 0 and learned.table and learned.target_cost > 0
 

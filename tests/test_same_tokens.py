@@ -1,4 +1,4 @@
-"""`benchmarks/same_tokens.sh` end to end on the real stories260K model: an EAGLE-3 head and a HASS head trained
+"""`lab/same_tokens.sh` end to end on the real stories260K model: an EAGLE-3 head and a HASS head trained
 on the same tokens of a store (two steps), then decoded side by side in one lossless `hf-spec bench` run."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def test_same_tokens_trains_both_heads_on_one_selection_and_benches_them(stories
         "BENCH_ARGS": "--limit 2 --max-new-tokens 12",
     }
     done = subprocess.run(
-        ["bash", "benchmarks/same_tokens.sh", str(STORIES)],
+        ["bash", "lab/same_tokens.sh", str(STORIES)],
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -66,19 +66,22 @@ def test_greedy_equals_generate(tiny_model, store_dir, seed=1):
         RetrievalConfig(datastore_path=path, long_match=4, long_draft_tokens=16, long_nodes=20),
         RetrievalConfig(datastore_path=path, prompt_lookup=2, weak_nodes=2, max_nodes=10),
         talon(path),
-        talon(path, adaptive=False),
-        talon(path, mode="async", adaptive=False),
+        talon(path, switch=None),
+        talon(path, schedule={"mode": "async"}, switch=None),
         talon(path, drafter="pld"),
-        talon(path, switch="cost"),
-        talon(path, switch="cost", switch_cost=0.5, explore_every=2),
-        talon(path, switch="best", explore_every=2),
-        talon(path, switch="best", drafter="pld"),
-        talon(path, switch="best", extend_tokens=3, extend_min_match=2),
-        talon(path, drafter="pld", extend_tokens=4, extend_min_match=1),
-        talon(path, switch="best", explore_every=1, both_nodes=2),
-        talon(path, skip_match=4),
-        talon(path, adaptive=False, both_nodes=3),
-        *[talon(path, lookup=2, adaptive=False, both_nodes=2, both_lookup=m) for m in ("whole", "auto")],
+        talon(path, switch={"rule": "cost"}),
+        talon(path, switch={"rule": "cost", "cost": 0.5, "explore_every": 2}),
+        talon(path, switch={"rule": "best", "explore_every": 2}),
+        talon(path, switch={"rule": "best"}, drafter="pld"),
+        talon(path, switch={"rule": "best"}, fusion={"extend_tokens": 3, "extend_min_match": 2}),
+        talon(path, drafter="pld", fusion={"extend_tokens": 4, "extend_min_match": 1}),
+        talon(path, switch={"rule": "best", "explore_every": 1}, fusion={"both_nodes": 2}),
+        talon(path, switch={"skip_match": 4}),
+        talon(path, switch=None, fusion={"both_nodes": 3}),
+        *[
+            talon(path, lookup=2, switch=None, fusion={"both_nodes": 2, "both_lookup": m})
+            for m in ("whole", "auto")
+        ],
         TalonConfig(retrieval=None, drafter="early-exit:2"),
     ]
     for config in configs:
@@ -91,7 +94,7 @@ def test_greedy_equals_generate(tiny_model, store_dir, seed=1):
             seen = sum(b.count for b in switch.retrieval_accepted)
             rounds = dec.last_stats.target_forwards - 1  # observe() skips the last round
             # `best` does not count a dropped retrieval tree that matched every committed token
-            assert seen == rounds if config.switch == "cost" else 0 < seen <= rounds
+            assert seen == rounds if config.switch.rule == "cost" else 0 < seen <= rounds
             assert 0 < switch.model_gain.count <= rounds
     assert not leaked()
 
@@ -179,7 +182,7 @@ def test_skip_match_leaves_the_model_out_of_long_matches_only(tiny_llama, store_
     path = tiny_datastore(tiny_llama, store_dir / "skip", seeds=(61,), length=60)
     ids = prompt_ids(10, seed=61)
     for skip in (1, 3, 100):
-        dec = SpeculativeDecoder(talon(path, skip_match=skip))
+        dec = SpeculativeDecoder(talon(path, switch={"skip_match": skip}))
         drafter = dec.drafter_for(tiny_llama)
         matches: list[int] = []
         propose = drafter.retriever.propose
@@ -202,7 +205,7 @@ def test_both_nodes_cuts_the_retrieval_tree_of_fused_rounds(tiny_llama, store_di
     ids = prompt_ids(10, seed=71)
     extra = {}
     for both in (0, 2):
-        dec = SpeculativeDecoder(talon(path, adaptive=False, both_nodes=both))
+        dec = SpeculativeDecoder(talon(path, switch=None, fusion={"both_nodes": both}))
         drafter = dec.drafter_for(tiny_llama)
         propose, added = drafter.propose, []
 
@@ -241,9 +244,8 @@ def test_auto_lookup_keeps_the_chain_whole_once_it_is_being_accepted(tiny_llama,
     path = tiny_datastore(tiny_llama, store_dir / "auto", seeds=(91,), length=40)
     ids = prompt_ids(12, seed=91)
     for threshold, expect_whole in ((0.0, True), (1000.0, False)):
-        config = talon(
-            path, lookup=2, adaptive=False, both_nodes=2, both_lookup="auto", auto_lookup=threshold
-        )
+        fusion = {"both_nodes": 2, "both_lookup": "auto", "auto_lookup": threshold}
+        config = talon(path, lookup=2, switch=None, fusion=fusion)
         dec = SpeculativeDecoder(config)
         drafter = dec.drafter_for(tiny_llama)
         calls: list[tuple[bool, int]] = []
@@ -269,7 +271,7 @@ def test_skip_lookup_leaves_the_model_out_while_the_output_copies(tiny_llama, st
     ids = prompt_ids(12, seed=92)
     ref = tiny_llama.generate(ids, max_new_tokens=40, do_sample=False)
     for threshold in (0.5, 1000.0):
-        dec = SpeculativeDecoder(talon(path, lookup=2, skip_match=100, skip_lookup=threshold))
+        dec = SpeculativeDecoder(talon(path, lookup=2, switch={"skip_match": 100, "skip_lookup": threshold}))
         drafter = dec.drafter_for(tiny_llama)
         seen: list[tuple[bool, bool]] = []  # (copying before the round, the model ran)
         propose = drafter.propose
@@ -308,7 +310,8 @@ def test_extension_goes_behind_the_model_path_and_stays_out_of_the_drafter(tiny_
     """The extension hangs under the model tree's first-child path; the model drafter observes its own nodes."""
     path = tiny_datastore(tiny_llama, store_dir / "extend", seeds=(51,), length=60)
     doc = tiny_llama.generate(prompt_ids(8, seed=51), max_new_tokens=60, do_sample=False)[0]
-    drafter = TalonDrafter(talon(path, drafter="pld", extend_tokens=3, extend_min_match=3), tiny_llama)
+    config = talon(path, drafter="pld", fusion={"extend_tokens": 3, "extend_min_match": 3})
+    drafter = TalonDrafter(config, tiny_llama)
     state = type("S", (), {"input_ids": doc[None, :30]})()
     model_tree = DraftTree(doc[30:33].clone(), torch.tensor([-1, 0, -1]))  # path 30, 31; a sibling root child
     model_tree.tokens[2] = int(doc[30]) + 1
@@ -323,7 +326,7 @@ def test_async_output_equals_sync_output(tiny_llama, store_dir):
     path = tiny_datastore(tiny_llama, store_dir / "async")
     outs = {}
     for mode in ("sync", "async"):
-        dec = SpeculativeDecoder(talon(path, mode=mode, adaptive=False, drafter="early-exit:3"))
+        dec = SpeculativeDecoder(talon(path, schedule={"mode": mode}, switch=None, drafter="early-exit:3"))
         drafter = dec.drafter_for(tiny_llama)
         outs[mode] = [
             tiny_llama.generate(
@@ -382,7 +385,7 @@ def test_pre_verify_output_equals_generate(tiny_llama, store_dir):
     """Async rounds that do not draft ahead pre-verify the retrieval tree beside the model drafting."""
     path = tiny_datastore(tiny_llama, store_dir / "pre")
     dec = SpeculativeDecoder(
-        talon(path, mode="async", adaptive=False, pre_verify=True, async_min_acceptance=0.5)
+        talon(path, schedule={"mode": "async", "pre_verify": True, "min_acceptance": 0.5}, switch=None)
     )
     drafter = dec.drafter_for(tiny_llama)
     for s in (3, 4):
@@ -415,7 +418,8 @@ class RaisingStreamer:
 @pytest.mark.parametrize("exc", [Boom, KeyboardInterrupt])
 def test_no_leaked_thread_on_error_or_interrupt(tiny_llama, exc):
     threads = torch.get_num_threads()
-    dec = SpeculativeDecoder(TalonConfig(retrieval={}, drafter="early-exit:3", mode="async", adaptive=False))
+    config = TalonConfig(retrieval={}, drafter="early-exit:3", schedule={"mode": "async"}, switch=None)
+    dec = SpeculativeDecoder(config)
     with pytest.raises(exc):
         tiny_llama.generate(
             prompt_ids(12),
@@ -433,7 +437,7 @@ def test_no_leaked_thread_on_error_or_interrupt(tiny_llama, exc):
 
 
 def test_worker_error_is_raised_not_hung(tiny_llama, monkeypatch):
-    dec = SpeculativeDecoder(TalonConfig(retrieval=None, drafter="early-exit:3", mode="async"))
+    dec = SpeculativeDecoder(TalonConfig(retrieval=None, drafter="early-exit:3", schedule={"mode": "async"}))
     drafter = dec.drafter_for(tiny_llama)
     calls = {"n": 0}
     step = drafter.chain._step
@@ -453,7 +457,7 @@ def test_worker_error_is_raised_not_hung(tiny_llama, monkeypatch):
 def test_thread_counts_are_restored(tiny_llama):
     before = torch.get_num_threads()
     dec = SpeculativeDecoder(
-        TalonConfig(retrieval=None, drafter="early-exit:3", mode="async", verify_threads=1)
+        TalonConfig(retrieval=None, drafter="early-exit:3", schedule={"mode": "async", "verify_threads": 1})
     )
     tiny_llama.generate(prompt_ids(12), max_new_tokens=30, do_sample=False, custom_generate=dec)
     assert torch.get_num_threads() == before
@@ -462,12 +466,16 @@ def test_thread_counts_are_restored(tiny_llama):
 def test_bad_configs_are_clear_errors(tiny_llama):
     with pytest.raises(ValueError, match="both halves are off"):
         TalonConfig(retrieval=None, drafter="")
-    with pytest.raises(ValueError, match="mode"):
-        TalonConfig(mode="parallel")
-    with pytest.raises(ValueError, match="pre_verify needs mode 'async'"):
-        TalonConfig(pre_verify=True)
+    with pytest.raises(ValueError, match="talon.schedule: mode must be 'sync' or 'async', got 'parallel'"):
+        TalonConfig(schedule={"mode": "parallel"})
+    with pytest.raises(ValueError, match="talon.schedule: .*pre_verify apply to mode 'async' only"):
+        TalonConfig(schedule={"pre_verify": True})
+    with pytest.raises(
+        ValueError, match="talon: schedule.pre_verify needs both retrieval and a model drafter"
+    ):
+        TalonConfig(retrieval=None, schedule={"mode": "async", "pre_verify": True})
     with pytest.raises(ValueError, match="own state"):
-        TalonDrafter(TalonConfig(drafter="pld", mode="async"), tiny_llama)
+        TalonDrafter(TalonConfig(drafter="pld", schedule={"mode": "async"}), tiny_llama)
     with pytest.raises(ValueError, match="unknown retrieval config keys"):
         TalonDrafter(TalonConfig(retrieval={"nodes": 3}), tiny_llama)
     with pytest.raises(FileNotFoundError, match="no datastore"):
@@ -482,29 +490,45 @@ def test_bad_configs_are_clear_errors(tiny_llama):
         RetrievalConfig(auto_nodes=True, max_nodes=0)
     with pytest.raises(ValueError, match="auto_nodes_tolerance >= 1.0"):
         RetrievalConfig(auto_nodes=True, auto_nodes_tolerance=0.9)
-    with pytest.raises(ValueError, match="switch must be 'match', 'cost' or 'best'"):
-        TalonConfig(switch="learned")
-    with pytest.raises(ValueError, match="extend_tokens needs the retrieval half"):
-        TalonConfig(retrieval=None, drafter="early-exit:2", extend_tokens=2)
-    with pytest.raises(ValueError, match="skip_match and skip_lookup apply to adaptive switch 'match' only"):
-        TalonConfig(skip_match=8, switch="cost")
-    with pytest.raises(ValueError, match="skip_lookup must be >= 0 and needs retrieval.prompt_lookup"):
-        TalonConfig(skip_lookup=3.0)
-    with pytest.raises(ValueError, match="both_lookup must be 'cut', 'whole' or 'auto'"):
-        TalonConfig(both_nodes=3, both_lookup="all")
-    with pytest.raises(ValueError, match="both_lookup needs both_nodes and retrieval.prompt_lookup"):
-        TalonConfig(both_nodes=3, both_lookup="whole")
-    with pytest.raises(ValueError, match="both_nodes and skip_match must be >= 0"):
-        TalonConfig(both_nodes=-1, switch="best")
+    with pytest.raises(ValueError, match="talon.switch: rule must be 'match', 'cost' or 'best'"):
+        TalonConfig(switch={"rule": "learned"})
+    with pytest.raises(ValueError, match="talon: fusion.extend_tokens needs the retrieval half"):
+        TalonConfig(retrieval=None, drafter="early-exit:2", fusion={"extend_tokens": 2})
+    with pytest.raises(
+        ValueError, match="talon.switch: skip_match and skip_lookup apply to rule 'match', not 'cost'"
+    ):
+        TalonConfig(switch={"skip_match": 8, "rule": "cost"})
+    with pytest.raises(ValueError, match="talon: switch.skip_lookup needs retrieval.prompt_lookup"):
+        TalonConfig(switch={"skip_lookup": 3.0})
+    with pytest.raises(ValueError, match="talon.switch: skip_lookup must be >= 0"):
+        TalonConfig(switch={"skip_lookup": -1.0})
+    with pytest.raises(ValueError, match="talon.fusion: both_lookup must be 'cut', 'whole' or 'auto'"):
+        TalonConfig(fusion={"both_nodes": 3, "both_lookup": "all"})
+    with pytest.raises(ValueError, match="talon: fusion.both_lookup needs retrieval.prompt_lookup"):
+        TalonConfig(fusion={"both_nodes": 3, "both_lookup": "whole"})
+    with pytest.raises(ValueError, match="talon.fusion: both_nodes must be >= 0"):
+        TalonConfig(fusion={"both_nodes": -1}, switch={"rule": "best"})
+    with pytest.raises(ValueError, match="talon.switch: skip_match must be >= 0"):
+        TalonConfig(switch={"skip_match": -1})
     for bad, message in [
-        (dict(verify_threads=2), "apply to mode 'async' only"),
-        (dict(mode="async", async_min_acceptance=2.0), r"async_min_acceptance must be in \[0, 1\]"),
-        (dict(drafter="", mode="async"), "need the model drafter"),
-        (dict(drafter="", extend_tokens=3), "need the model drafter"),
-        (dict(both_nodes=3, drafter=""), "both_nodes needs both halves"),
-        (dict(auto_lookup=-1.0), "auto_lookup must be >= 0"),
-        (dict(retrieval=None, drafter="early-exit:2", both_lookup="whole"), "both_lookup needs both_nodes"),
-        (dict(switch_cost=0.5), "not 'match'"),
+        (dict(schedule={"verify_threads": 2}), "apply to mode 'async' only"),
+        (dict(schedule={"mode": "async", "min_acceptance": 2.0}), r"min_acceptance must be in \[0, 1\]"),
+        (
+            dict(schedule={"mode": "async", "verify_threads": -1}),
+            "talon.schedule: verify_threads must be >= 0",
+        ),
+        (dict(drafter="", schedule={"mode": "async"}), "need the model drafter"),
+        (dict(drafter="", fusion={"extend_tokens": 3}), "need the model drafter"),
+        (dict(fusion={"both_nodes": 3}, drafter=""), "both_nodes needs both halves"),
+        (dict(fusion={"auto_lookup": -1.0}), "talon.fusion: auto_lookup must be >= 0"),
+        (dict(fusion={"extend_min_match": 0}), "talon.fusion: extend_min_match must be >= 1"),
+        (
+            dict(retrieval=None, drafter="early-exit:2", fusion={"both_lookup": "whole"}),
+            "both_lookup 'whole' needs both_nodes",
+        ),
+        (dict(switch={"cost": 0.5}), "talon.switch: cost applies to rule 'cost' or 'best', not 'match'"),
+        (dict(switch={"explore_every": -1, "rule": "cost"}), "talon.switch: explore_every must be >= 0"),
+        (dict(switch={"rule": "cost", "speed": 1}), r"unknown talon.switch config keys \['speed'\]"),
         (dict(retrieval="foo"), "retrieval must be a settings object or null"),
     ]:
         with pytest.raises(ValueError, match=message):
@@ -543,13 +567,13 @@ def test_fused_tree_sampling_matches_plain_sampling(tmp_path, async_mode):
         async_mode
     ):  # the early-exit chain drafts ahead on the worker; retrieval fused with it (all deterministic)
         drafter = TalonDrafter(
-            TalonConfig(retrieval=retrieval, drafter="early-exit:1", mode="async", adaptive=False), target
+            TalonConfig(retrieval=retrieval, drafter="early-exit:1", schedule={"mode": "async"}, switch=None),
+            target,
         )
     else:
         # retrieval also continues the model's first path (`extend_tokens`): deterministic nodes behind sampled ones
-        config = TalonConfig(
-            retrieval=retrieval, drafter="pld", adaptive=False, extend_tokens=2, extend_min_match=2
-        )
+        fusion = {"extend_tokens": 2, "extend_min_match": 2}
+        config = TalonConfig(retrieval=retrieval, drafter="pld", switch=None, fusion=fusion)
         drafter = TalonDrafter(config, target)
         drafter.sub = ShallowSampledDrafter(target, draft, width=2)  # any drafter that reports its q
     pvalues, accepted = sampled_marginals_pvalues(
@@ -570,7 +594,7 @@ def test_auto_nodes_measures_the_strong_budget_once(tiny_llama, store_dir, metho
     config = (
         RetrievalConfig(**settings)
         if method == "retrieval"
-        else TalonConfig(retrieval=settings, drafter="early-exit:3", adaptive=False)
+        else TalonConfig(retrieval=settings, drafter="early-exit:3", switch=None)
     )
     decoder = SpeculativeDecoder(config)
     ids = prompt_ids(14, seed=6)

@@ -1,6 +1,6 @@
 """Head trainers fed from a feature store (`--features`, `training/store_data.py`) on the real stories260K model: a
 selection of sources and tokens, read lazily; one fixed held-out set that no selection trains on, the same for
-every trainer; clear refusals; and `benchmarks/scaling_curve.py`, killed and re-run."""
+every trainer; clear refusals; and `lab/scaling_curve.py`, killed and re-run."""
 
 from __future__ import annotations
 
@@ -152,7 +152,7 @@ def test_store_training_refusals(store, stories, tmp_path):
 
 
 def scaling_module():
-    spec = importlib.util.spec_from_file_location("scaling_curve", REPO / "benchmarks" / "scaling_curve.py")
+    spec = importlib.util.spec_from_file_location("scaling_curve", REPO / "lab" / "scaling_curve.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -188,7 +188,7 @@ def test_scaling_arms_are_parsed_and_sized_against_the_store(store, tmp_path):
 
 def test_scaling_curve_killed_and_rerun_skips_finished_arms(store, tmp_path):
     out = tmp_path / "curve"
-    cmd = [sys.executable, str(REPO / "benchmarks" / "scaling_curve.py"), "--target", str(STORIES)]
+    cmd = [sys.executable, str(REPO / "lab" / "scaling_curve.py"), "--target", str(STORIES)]
     cmd += ["--features", str(store.folder), "--out", str(out), "--method", "eagle", "--heldout", "2"]
     cmd += ["--arm", "answers:answers:ALL", "--arm", "fixed:python-docs,pypi-*:200", "--threads", "1"]
     cmd += ["--", "--draft-vocab", "64", "--batch-tokens", "256", "--save-every", "1"]

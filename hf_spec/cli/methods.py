@@ -19,20 +19,36 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hf_spec.core.config import config_schema
     from hf_spec.core.registry import get_method, list_methods
 
     for name in list_methods():
         cfg = get_method(name).config_cls
         print(f"{name}  (name:VALUE sets {cfg.main_arg})" if cfg.main_arg else name)
-        schema = config_schema(cfg)
-        for f in dataclasses.fields(cfg):
-            choices, allowed = schema[f.name].choices, ""
-            if choices:
-                allowed = f" [{' | '.join(map(repr, choices))}{' | None' if schema[f.name].optional else ''}]"
-            print(f"    {f.name} = {_default(f)}{allowed}: {f.metadata.get('help', '')}")
+        _print_fields(cfg, "    ")
     print("\nRelative paths in a config file are read from the config file's folder.")
     return 0
+
+
+def _print_fields(cfg: type, prefix: str) -> None:
+    """One line per field; a part of the config (`ConfigPart`) as its own line, then its fields as `part.field`."""
+    from hf_spec.core.config import ConfigPart, config_schema
+
+    schema = config_schema(cfg)
+    for f in dataclasses.fields(cfg):
+        field_schema, allowed = schema[f.name], ""
+        if field_schema.choices:
+            allowed = f" [{' | '.join(map(repr, field_schema.choices))}{' | None' if field_schema.optional else ''}]"
+        part = (
+            field_schema.nested
+            if field_schema.nested and issubclass(field_schema.nested, ConfigPart)
+            else None
+        )
+        if part is not None:
+            off = " (None: off)" if field_schema.optional else ""
+            print(f"{prefix}{f.name}{off}: {f.metadata.get('help', '')}")
+            _print_fields(part, f"{prefix}{f.name}.")
+        else:
+            print(f"{prefix}{f.name} = {_default(f)}{allowed}: {f.metadata.get('help', '')}")
 
 
 def _default(f: dataclasses.Field) -> str:

@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     check_single_process("hf-spec train postuse")  # its episodes decode one after another
     check_output_file(args.out, is_q_table, "Pre-cut Q-table")  # before the training run, not after it
     config = PostUseConfig.from_pretrained(args.config)
-    if not config.precut:
+    if config.precut is None:
         raise ValueError(f"{args.config} has precut off: there is no Q-table to learn")
     prompts = read_prompts(args.prompts)[args.skip : args.skip + args.limit]
     if not prompts:

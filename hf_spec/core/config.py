@@ -31,6 +31,7 @@ import numbers
 import os
 import types
 import typing
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +43,9 @@ from hf_spec.core.registry import get_method
 logger = logging.getLogger(__name__)
 
 CONFIG_NAME = "hf_spec_config.json"
-CONFIG_VERSION = 2  # 2: `None` for off (was `""`), typed nested configs, options removed (`removed_fields`)
+# 2: `None` for off (was `""`), typed nested configs, options removed (`removed_fields`); 3: settings grouped in
+# parts (`ConfigPart`: Talon's `schedule`/`switch`/`fusion`, Post-use's `cache`/`reuse_*`/`precut`)
+CONFIG_VERSION = 3
 
 # packed draft weights (the schemes of `hf_spec.kernels.weight_only.SCHEMES`); `None`: the weights as loaded
 QuantizeScheme = Literal["int8", "int4"]
@@ -159,6 +162,9 @@ class MethodConfig:
     method: ClassVar[str] = ""
     main_arg: ClassVar[str | None] = None
     removed_fields: ClassVar[dict[str, Any]] = {}
+    # keys of the flat layout used before the config had parts -> where they live now: `"part.field"`, or `"part"`
+    # for a bool that switched a part on or off (false -> the part is None)
+    flat_keys: ClassVar[dict[str, str]] = {}
     # per instance: the file the config was loaded from (its relative paths are read from that file's folder)
     source: ClassVar[Path | None] = None
 
@@ -188,6 +194,10 @@ class MethodConfig:
                 raise TypeError(f"{self.method}: {name} must not be None")
             return
         if schema.nested is not None and isinstance(value, schema.nested):
+            if isinstance(value, ConfigPart) and not issubclass(schema.nested, ConfigPart):
+                raise ValueError(
+                    f"{self.method}: {name} must be a method config, not the part {value.method}"
+                )
             return
         if schema.nested is not None and not isinstance(value, schema.kinds):
             forms = (["a method spec"] if str in schema.kinds else []) + ["a settings object"]
@@ -221,11 +231,12 @@ class MethodConfig:
         out = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            out[f.name] = (
-                {"method": value.method, **value._field_dict()}
-                if isinstance(value, MethodConfig)
-                else copy.deepcopy(value)
-            )
+            if isinstance(value, ConfigPart):
+                out[f.name] = value._field_dict()
+            elif isinstance(value, MethodConfig):
+                out[f.name] = {"method": value.method, **value._field_dict()}
+            else:
+                out[f.name] = copy.deepcopy(value)
         return out
 
     def save_pretrained(self, save_directory: str | os.PathLike) -> Path:
@@ -286,6 +297,7 @@ class MethodConfig:
             )
         if version == 1:
             cls._drop_removed_fields(data)
+        data = cls.nest_flat_keys(data, stacklevel=4)
         schema = config_schema(cls)
         unknown = sorted(set(data) - set(schema))
         if unknown:
@@ -304,6 +316,57 @@ class MethodConfig:
                     f"{cls.method}: option {key!r} was removed (config_version 2); this config sets it to another "
                     f"value than {kept!r}, which is how hf-spec behaves now: delete the key"
                 )
+
+    @classmethod
+    def nest_flat_keys(cls, data: dict[str, Any], stacklevel: int = 3) -> dict[str, Any]:
+        """`data` with the keys of the flat layout (`flat_keys`) moved into their parts, with a `FutureWarning`;
+        `data` itself when it has none. A key that is also a part's name (Talon's `switch`) is flat only when its
+        value is not the part's (a dict, a `ConfigPart` or None)."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        flat = [
+            k
+            for k in data
+            if k in cls.flat_keys
+            and not (k in fields and (data[k] is None or isinstance(data[k], dict | ConfigPart)))
+        ]
+        if not flat:
+            return data
+        data = dict(data)
+        parts: dict[str, dict[str, Any]] = {}
+        switched_off: set[str] = set()
+        for key in flat:
+            value = data.pop(key)
+            part, _, sub = cls.flat_keys[key].partition(".")
+            if not sub:  # the part's on/off switch
+                if not isinstance(value, bool):
+                    raise TypeError(
+                        f"{cls.method}: {key} must be a dict of its settings or null (true or false in the flat "
+                        f"layout of older configs), got {value!r}"
+                    )
+                if not value:
+                    switched_off.add(part)
+                parts.setdefault(part, {})
+            else:
+                parts.setdefault(part, {})[sub] = value
+        for part, values in parts.items():
+            given = data.get(part)
+            if isinstance(given, ConfigPart):
+                given = given._field_dict()
+            data[part] = None if part in switched_off else {**values, **(given or {})}
+        moved = ", ".join(
+            f"{k} -> {cls.flat_keys[k]}"
+            if "." in cls.flat_keys[k]
+            else f"{k}: false -> {cls.flat_keys[k]}: null"
+            for k in flat
+        )
+        warnings.warn(
+            f"{cls.method}: flat config keys are deprecated and will stop loading in a future hf-spec; they now live "
+            f"in the config's parts ({moved}). Re-save the config to write the nested form, e.g. "
+            "`hf_spec.parse_method('old.json').save_pretrained('new_folder')` (a folder holding hf_spec_config.json)",
+            FutureWarning,
+            stacklevel=stacklevel,
+        )
+        return data
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> MethodConfig:
@@ -339,3 +402,25 @@ class MethodConfig:
         except ValueError:
             raise ValueError(f"{cls.method}:{arg}: expected {kind.__name__} for {cls.main_arg}") from None
         return cls(**{cls.main_arg: value})
+
+
+@dataclass
+class ConfigPart(MethodConfig):
+    """A part of a method's config (Talon's `switch`, Post-use's `precut`, ...): a typed dataclass checked as a method
+    config is (its `__post_init__` checks its own rules), saved inside its parent's JSON object as a plain dict,
+    without `method` or `config_version`. Subclasses set `method` to the name errors give it: `"talon.switch"`."""
+
+    method: ClassVar[str] = "part"
+
+
+def accepts_flat_keys(cls: type[MethodConfig]) -> type[MethodConfig]:
+    """Class decorator (above `@dataclass`): the constructor also takes the keyword arguments of the flat layout
+    (`cls.flat_keys`), moved into their parts with a `FutureWarning` (see `MethodConfig.nest_flat_keys`)."""
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **cls.nest_flat_keys(kwargs))
+
+    cls.__init__ = __init__
+    return cls

@@ -51,16 +51,17 @@ def learn_q_table(
     epsilon: float | None = None,
     progress: bool = True,
 ):
-    """Decode `prompts` greedily with `config` (a `PostUseConfig` with `precut` on), learning as it goes; returns the
-    `PostUseDrafter` whose `save_q_table(path)` writes the table and whose `stats` say how the chains fared."""
+    """Decode `prompts` greedily with `config` (a `PostUseConfig` with its `precut` part set), learning as it goes
+    (`precut.freeze` off, `precut.epsilon` set to `epsilon` when given); returns the `PostUseDrafter` whose
+    `save_q_table(path)` writes the table and whose `stats` say how the chains fared."""
     from hf_spec.bench.prompts import encode_chat
     from hf_spec.decoder import SpeculativeDecoder
 
-    if not config.precut:
+    if config.precut is None:
         raise ValueError("this postuse config has precut off: there is no Q-table to learn")
-    config.freeze = False
+    config.precut.freeze = False
     if epsilon is not None:
-        config.epsilon = epsilon
+        config.precut.epsilon = epsilon
     decoder = SpeculativeDecoder(config, tokenizer=tokenizer)
     drafter = decoder.drafter_for(model)
     bar = tqdm(prompts, desc="train postuse", unit="prompt", disable=not progress)

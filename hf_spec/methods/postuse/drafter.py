@@ -86,28 +86,31 @@ class PostUseDrafter(Drafter):
         self.requires_hidden_states = self.inner.requires_hidden_states
         self.hidden_state_layers = self.inner.hidden_state_layers
         self.stepwise = isinstance(self.inner, StepwiseDrafter)
-        if (config.reuse_draft or config.precut) and not self.stepwise:
+        if (config.reuse_draft is not None or config.precut is not None) and not self.stepwise:
             raise ValueError(
                 f"postuse reuse_draft/precut drive the drafter one forward at a time; "
-                f"{type(self.inner).__name__} does not support that (StepwiseDrafter). Use reuse_target only."
+                f"{type(self.inner).__name__} does not support that (StepwiseDrafter). Use reuse_target only "
+                "(reuse_draft and precut null)."
             )
         self.cache: TokenCache | None = None
-        if config.reuse_draft or config.reuse_target:
-            self.cache = TokenCache(config.pool_size, config.phrases_per_anchor, config.phrase_length)
+        if config.reuse_draft is not None or config.reuse_target is not None:
+            cache = config.cache
+            self.cache = TokenCache(cache.pool_size, cache.phrases_per_anchor, cache.phrase_length)
         self.controller: PreCutController | None = None
-        if config.precut:
+        if config.precut is not None:
+            precut = config.precut
             self.controller = PreCutController(
-                config.max_draft_length,
-                config.benefit_buckets,
-                config.alpha,
-                config.gamma,
-                config.epsilon,
-                config.init_continue,
-                config.init_stop,
-                frozen=config.freeze,
+                precut.max_draft_length,
+                precut.benefit_buckets,
+                precut.alpha,
+                precut.gamma,
+                precut.epsilon,
+                precut.init_continue,
+                precut.init_stop,
+                frozen=precut.freeze,
             )
-            if config.q_table:
-                self.controller.load(config.q_table)
+            if precut.q_table:
+                self.controller.load(precut.q_table)
         self.stats = PostUseStats()
         self.draft_seconds: float | None = None  # EMA of one draft call
         self.verify_seconds: float | None = None  # EMA of one verification round (propose end -> observe)
@@ -115,7 +118,10 @@ class PostUseDrafter(Drafter):
         self._proposed_at = 0.0
         self._next_window = 0  # first committed position whose window is not final in the cache
         self._stats_at_begin: dict = {}
-        self.tree_budget = config.max_tree_nodes or None  # measured at the first `begin` when 0
+        # verification budget of Post-use at the target: measured at the first `begin` when 0
+        self.tree_budget = (
+            (config.reuse_target.max_tree_nodes or None) if config.reuse_target is not None else 0
+        )
         self.verification_costs: dict[int, float] = {}  # {tree nodes: seconds} behind that measurement
 
     # ---- lifecycle ----------------------------------------------------------------------------------
@@ -132,7 +138,7 @@ class PostUseDrafter(Drafter):
         self.inner.begin(state)
         self._stats_at_begin = self.stats.to_dict()
         self._round = None
-        self._next_window = 0 if self.config.admit_prompt else state.seq_len - 1
+        self._next_window = 0 if self.config.cache.admit_prompt else state.seq_len - 1
         if self.cache is not None:
             t0 = time.perf_counter()
             self._admit_committed(state.input_ids[0].tolist())
@@ -144,9 +150,9 @@ class PostUseDrafter(Drafter):
     def _measure_tree_budget(self, state: SpecState) -> None:
         """`max_tree_nodes: 0`: time verifications of 1 to `auto_tree_max` nodes on this prompt's cache and keep
         the largest tree that costs about as much as one node (once per drafter)."""
-        cfg = self.config
+        cfg = self.config.reuse_target
         self.tree_budget, self.verification_costs = measured_tree_budget(
-            self, state, cfg.auto_tree_max, cfg.auto_tree_tolerance, "postuse max_tree_nodes"
+            self, state, cfg.auto_tree_max, cfg.auto_tree_tolerance, "postuse reuse_target.max_tree_nodes"
         )
 
     @property
@@ -158,8 +164,9 @@ class PostUseDrafter(Drafter):
     @property
     def target_cost(self) -> float:
         """One target call in draft-call units (configured, or the measured ratio; 1 before any measurement)."""
-        if self.config.target_cost > 0:
-            return self.config.target_cost
+        precut = self.config.precut
+        if precut is not None and precut.target_cost > 0:
+            return precut.target_cost
         if self.draft_seconds and self.verify_seconds:
             return self.verify_seconds / self.draft_seconds
         return 1.0
@@ -170,7 +177,7 @@ class PostUseDrafter(Drafter):
         cfg = self.config
         root = int(state.input_ids[0, -1])
         if self.stepwise:
-            limit = cfg.max_draft_length if self.controller is not None else cfg.draft_length
+            limit = cfg.precut.max_draft_length if self.controller is not None else cfg.draft_length
             chain, call_ends, states = self._draft_chain(state, min(limit, max_depth))
             tree, chain_nodes = DraftTree.chain(chain), list(range(len(chain)))
         else:
@@ -178,7 +185,7 @@ class PostUseDrafter(Drafter):
             chain_nodes = _deepest_path(tree)
             chain, call_ends, states = tree.tokens[chain_nodes].tolist(), [], []
         grafted_from = len(tree)
-        if cfg.reuse_target and self.cache is not None and max_depth > 0:
+        if cfg.reuse_target is not None and self.cache is not None and max_depth > 0:
             t0 = time.perf_counter()
             tree = self._graft_cached(tree, [root] + chain, [-1] + chain_nodes, max_depth)
             self.stats.cache_seconds += time.perf_counter() - t0
@@ -199,14 +206,14 @@ class PostUseDrafter(Drafter):
         states: list[tuple[int, int]] = []
         feed = [int(state.input_ids[0, -1])]
         benefit = 1.0
-        warming = ctrl is not None and not ctrl.frozen and ctrl.updates < cfg.warmup_rounds
+        warming = ctrl is not None and not ctrl.frozen and ctrl.updates < cfg.precut.warmup_rounds
         try:
             while len(chain) < budget:
                 room = budget - len(chain)
                 branches: list[list[int]] = []
-                if cfg.reuse_draft and room > 1:
+                if cfg.reuse_draft is not None and room > 1:
                     t0 = time.perf_counter()
-                    branches = [list(p[1:room]) for p in self.cache.lookup(feed[-1], cfg.draft_phrases)]
+                    branches = [list(p[1:room]) for p in self.cache.lookup(feed[-1], cfg.reuse_draft.phrases)]
                     self.stats.cache_seconds += time.perf_counter() - t0
                 t0 = time.perf_counter()
                 step = inner.draft_step(feed, branches)
@@ -257,15 +264,15 @@ class PostUseDrafter(Drafter):
         return phrase + [best_preds[best_len - 1]], rows, best_len
 
     def _graft_cached(self, tree: DraftTree, path: list[int], nodes: list[int], max_depth: int) -> DraftTree:
-        """Algorithm 3: cached phrases behind the last `target_anchors` tokens of the chain (the root counts
-        when the chain is shorter), deepest anchor first, within `max_tree_nodes` and `max_depth`."""
-        cfg = self.config
+        """Algorithm 3: cached phrases behind the last `reuse_target.anchors` tokens of the chain (the root counts
+        when the chain is shorter), deepest anchor first, within `reuse_target.max_tree_nodes` and `max_depth`."""
+        cfg = self.config.reuse_target
         grafts = []
-        for depth in range(len(path) - 1, max(len(path) - 1 - cfg.target_anchors, -1), -1):
+        for depth in range(len(path) - 1, max(len(path) - 1 - cfg.anchors, -1), -1):
             room = max_depth - depth
             if room <= 0:
                 continue
-            for phrase in self.cache.lookup(path[depth], cfg.target_phrases):
+            for phrase in self.cache.lookup(path[depth], cfg.phrases):
                 grafts.append((nodes[depth], list(phrase[1 : 1 + room])))
         tree, added = graft(tree, grafts, max(self.tree_budget or UNMEASURED_TREE_NODES, len(tree)))
         self.stats.cache_nodes += added
@@ -313,7 +320,7 @@ class PostUseDrafter(Drafter):
             t0 = time.perf_counter()
             self._admit_committed(state.input_ids[0].tolist())
             for run in agreeing_runs(rnd.chain, agree):
-                for phrase in windows(run, self.config.phrase_length):
+                for phrase in windows(run, self.config.cache.phrase_length):
                     self.cache.admit(phrase)
             st.cache_seconds += time.perf_counter() - t0
         if self.controller is not None and rnd.states:
@@ -343,18 +350,18 @@ class PostUseDrafter(Drafter):
         cost_target = self.target_cost
         rewards = []
         for t, end in enumerate(rnd.call_ends, start=1):
-            if self.config.reward == "useful":
+            if self.config.precut.reward == "useful":
                 gained = sum(agree[:end])
             else:  # the accepted prefix (+ the bonus token for "committed")
                 gained = next((i for i, ok in enumerate(agree[:end]) if not ok), end)
-                gained += self.config.reward == "committed"
+                gained += self.config.precut.reward == "committed"
             rewards.append(gained / (t + cost_target) - 1.0)
         return rewards
 
     def _admit_committed(self, seq: list[int]) -> None:
         """Windows of the committed text: every position from `_next_window` on anchors its next
         `phrase_length - 1` tokens; a window cut by the end is admitted now and replaced when it grows."""
-        beta = self.config.phrase_length
+        beta = self.config.cache.phrase_length
         for s in range(self._next_window, len(seq) - 1):
             self.cache.admit(seq[s : s + beta])
             if s + beta <= len(seq):
@@ -363,7 +370,7 @@ class PostUseDrafter(Drafter):
     # ---- persistence of the controller ----------------------------------------------------------------
     def save_q_table(self, path) -> None:
         if self.controller is None:
-            raise ValueError("this postuse drafter has no Pre-cut controller (precut=false)")
+            raise ValueError("this postuse drafter has no Pre-cut controller (precut is null)")
         self.controller.target_cost = self.target_cost
         self.controller.save(path)
 

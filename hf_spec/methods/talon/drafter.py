@@ -83,7 +83,7 @@ class TalonDrafter(Drafter):
                 )
                 self.chain_len = sub_config.num_draft_tokens
             else:
-                if config.mode == "async":
+                if config.schedule.mode == "async":
                     raise ValueError(
                         f"talon async mode needs a drafter with its own state (early-exit), not {config.drafter!r}"
                     )
@@ -100,13 +100,14 @@ class TalonDrafter(Drafter):
         config = self.config
         self.worker: DraftWorker | None = None
         self._round: TalonRound | None = None
+        rule = config.switch.rule if config.switch is not None else None
         self.switch = (
             CostAwareSwitch(
-                explore_every=config.explore_every,
-                cost_ratio=config.switch_cost,
+                explore_every=config.switch.explore_every,
+                cost_ratio=config.switch.cost,
                 step_nodes=_step_nodes(self.model),
             )
-            if config.switch in ("cost", "best")
+            if rule in ("cost", "best")
             else None
         )
         self.lookup_accepted = RunningMean()  # prompt lookup's chain: tokens accepted, this generation
@@ -156,8 +157,8 @@ class TalonDrafter(Drafter):
             self.chain.begin(state.cache, state.input_ids[0].tolist(), state.backend)
         if self.sub is not None:
             self.sub.begin(state)
-        if self.config.mode == "async" and self.chain is not None:
-            self.worker = DraftWorker(verify_threads=self.config.verify_threads)
+        if self.config.schedule.mode == "async" and self.chain is not None:
+            self.worker = DraftWorker(verify_threads=self.config.schedule.verify_threads)
         self._chain_rate = 1.0
         self._pre = None
         if self.switch is not None:
@@ -189,24 +190,23 @@ class TalonDrafter(Drafter):
             ret_tree, match = self.retriever.propose(ids, max_depth)
         use_model = self.chain is not None or self.sub is not None
         retrieved = ret_tree  # kept for the switch, also when this round drops it
-        if use_model and self.config.adaptive and self.retriever is not None:
-            if self.config.switch == "best":
+        switch, fusion = self.config.switch, self.config.fusion
+        if use_model and switch is not None and self.retriever is not None:
+            if switch.rule == "best":
                 pick = self.switch.choose(match, len(ret_tree))
                 use_model = pick != "retrieval"
                 ret_tree = DraftTree.empty() if pick == "model" else ret_tree
             elif self.switch is not None:
                 use_model = self.switch.use_model(match)
             else:
-                use_model = match < (self.config.skip_match or self.retriever.config.strong_match)
-                use_model = use_model and not (
-                    self.config.skip_lookup and self._copying(self.config.skip_lookup)
-                )
-        both = self.config.both_nodes
+                use_model = match < (switch.skip_match or self.retriever.config.strong_match)
+                use_model = use_model and not (switch.skip_lookup and self._copying(switch.skip_lookup))
+        both = fusion.both_nodes
         if use_model and 0 < both < len(ret_tree):  # fused: a smaller retrieval tree
-            mode = self.config.both_lookup
-            whole = mode == "whole" or (mode == "auto" and self._copying(self.config.auto_lookup))
+            mode = fusion.both_lookup
+            whole = mode == "whole" or (mode == "auto" and self._copying(fusion.auto_lookup))
             ret_tree, _ = self.retriever.propose(ids, max_depth, max_nodes=both, lookup_whole=whole)
-        ahead = self.worker is not None and self._chain_rate >= self.config.async_min_acceptance
+        ahead = self.worker is not None and self._chain_rate >= self.config.schedule.min_acceptance
         pre = None
         if use_model and not ahead and self._can_pre_verify(state, ret_tree):
             root = int(state.input_ids[0, -1])
@@ -236,7 +236,7 @@ class TalonDrafter(Drafter):
 
     def _can_pre_verify(self, state: SpecState, ret_tree: DraftTree) -> bool:
         return (
-            self.config.pre_verify
+            self.config.schedule.pre_verify
             and self.worker is not None
             and len(ret_tree) > 0
             and state.uses_verify_forward
@@ -245,7 +245,7 @@ class TalonDrafter(Drafter):
 
     @property
     def continues_verification(self) -> bool:
-        return self.config.pre_verify
+        return self.config.schedule.pre_verify
 
     def verify_forward(self, state, tree, input_ids, position_ids, attention_mask, output_hidden_states):
         """With a pre-verified retrieval tree: only the fused tree's other nodes run now (see `preverify.py`)."""
@@ -268,7 +268,7 @@ class TalonDrafter(Drafter):
         start = time.perf_counter()
         tree = self._draft_model_tree(state, max_depth)
         self._own_nodes = len(tree)
-        if self.config.extend_tokens and len(tree):
+        if self.config.fusion.extend_tokens and len(tree):
             tree = self._extended(state, tree, max_depth)
         if self.switch is not None:
             self.switch.model_drafted(time.perf_counter() - start)
@@ -284,8 +284,8 @@ class TalonDrafter(Drafter):
         more = self.retriever.continuation(
             state.input_ids[0].cpu().numpy(),
             tree.tokens[path].tolist(),
-            min(self.config.extend_tokens, max_depth - len(path)),
-            self.config.extend_min_match,
+            min(self.config.fusion.extend_tokens, max_depth - len(path)),
+            self.config.fusion.extend_min_match,
         )
         if not more:
             return tree
