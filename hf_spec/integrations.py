@@ -24,7 +24,7 @@ from hf_spec.engine.round import propose_within_room
 from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER, REQUIREMENTS
 from hf_spec.integrity import CHECKSUM_FILE, verify_checksums, write_checksums
 from hf_spec.methods.base import Drafter, RoundResult, SpecState
-from hf_spec.output_folder import check_output_folder, staged_folder
+from hf_spec.output_folder import check_output_folder, settle_folder, staged_folder
 from hf_spec.tree import DraftTree
 
 AssistantLike = SpeculativeDecoder | Drafter | MethodConfig
@@ -198,6 +198,7 @@ def save_custom_generate(folder: str | Path, method: str | MethodConfig, overwri
 
     config = parse_method(method)
     folder = Path(folder)
+    settle_folder(folder)
     if not overwrite:
         check_output_folder(
             folder,
