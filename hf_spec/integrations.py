@@ -26,7 +26,7 @@ from hf_spec.engine.target.hidden import select_hidden_states
 from hf_spec.engine.target.profile import target_profile
 from hf_spec.heads.hub import REQUIREMENTS
 from hf_spec.io.integrity import CHECKSUM_FILE, verify_checksums, write_checksums
-from hf_spec.io.output_folder import check_output_folder, staged_folder
+from hf_spec.io.output_folder import check_output_folder, settle_folder, staged_folder
 from hf_spec.tree import DraftTree
 
 AssistantLike = SpeculativeDecoder | Drafter | MethodConfig
@@ -206,6 +206,7 @@ def save_custom_generate(folder: str | Path, method: str | MethodConfig, overwri
 
     config = parse_method(method)
     folder = Path(folder)
+    settle_folder(folder)
     if not overwrite:
         check_output_folder(
             folder,

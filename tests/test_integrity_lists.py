@@ -38,7 +38,9 @@ def target():
 
 def eagle3_folder(target, folder: Path) -> Path:
     torch.manual_seed(0)
-    return save_eagle3_head(folder, Eagle3Head(Eagle3HeadConfig.for_target(target, 50)).eval(), target=target)
+    return save_eagle3_head(
+        folder, Eagle3Head(Eagle3HeadConfig.for_target(target, 50, (1, 2, 3))).eval(), target=target
+    )
 
 
 def rewrite_list(folder: Path, files: dict[str, str], version: int | None = 2) -> None:

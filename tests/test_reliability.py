@@ -442,8 +442,7 @@ def test_a_planted_checkpoint_runs_no_code_and_a_truncated_one_is_named(target, 
     ckpt = tmp_path / "good.pt"
     history = train_heads(target, heads, features, steps=2, batch_size=4, negatives=8, checkpoint=ckpt)
     assert (
-        train_heads(target, heads, features, steps=3, batch_size=4, negatives=8, checkpoint=ckpt)[:2]
-        == history
+        train_heads(target, heads, features, steps=2, batch_size=4, negatives=8, checkpoint=ckpt) == history
     )
     data = (run / "checkpoint.pt").read_bytes()
     (run / "checkpoint.pt").write_bytes(data[: len(data) // 2])  # truncated by a full disk or a killed copy

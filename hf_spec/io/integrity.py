@@ -160,7 +160,10 @@ def verify_checksums(folder: str | os.PathLike, what: str) -> bool:
     complete = version >= LIST_VERSION
     shipped = shipped_files(folder)
     required = shipped if complete else [n for n in shipped if n.endswith(_PAYLOAD_SUFFIXES)]
-    unlisted = [name for name in required if name not in files]
+    # the weights first: the file whose change matters most is the one named
+    unlisted = sorted(
+        (n for n in required if n not in files), key=lambda n: not n.endswith(_PAYLOAD_SUFFIXES)
+    )
     if unlisted:
         raise IntegrityError(
             f"{what}: {folder / unlisted[0]} is not in {CHECKSUM_FILE}"

@@ -31,6 +31,7 @@ def check_output_folder(
     """Raise `ValueError` unless `folder` is missing, empty, or `ours` (an earlier `what` that may be replaced);
     `remedy` ends the message (what the user can do)."""
     folder = Path(folder)
+    settle_folder(folder)
     if not folder.exists():
         _check_writable(folder, folder, what, remedy)
         return
@@ -87,7 +88,8 @@ def staged_folder(folder: str | os.PathLike, carry: Callable[[Path], bool] | Non
     place, the old one removed), on an error it is removed and `folder` stays as it was.
 
     A process killed at any point leaves `folder` as it was, as the new folder, or absent (killed between the two
-    renames); never a mix. The siblings a killed write leaves are removed by the next write to `folder`.
+    renames); never a mix. The next write to `folder` clears what a killed one left beside it (and puts a new
+    folder that was complete in the place left empty).
 
     Args:
         carry: files of an earlier `folder` (relative paths) to carry into the new one, hard-linked where the file
@@ -146,15 +148,30 @@ def _not_carried(root: Path, carry: Callable[[Path], bool]) -> Callable[[str, li
     return ignore
 
 
+def settle_folder(folder: str | os.PathLike) -> None:
+    """Finish or clear what killed writes to `folder` left (see `staged_folder`); writers call it first."""
+    _remove_stale_siblings(Path(folder).absolute())
+
+
 def _remove_stale_siblings(folder: Path) -> None:
-    """Remove what writes to `folder` killed before they finished left beside it (their process is gone)."""
+    """Clear what writes to `folder` killed before they finished left beside it (their process is gone): a write
+    killed between its two renames left `folder` absent, its new folder complete and the earlier one aside, and the
+    new one is put in place; every other sibling is removed."""
     prefix = f".{folder.name}{STAGING_TAG}"
-    for sibling in folder.parent.glob(f"{glob.escape(prefix)}*"):
+    for sibling in sorted(folder.parent.glob(f"{glob.escape(prefix)}*")):
         try:
-            pid = int(sibling.name[len(prefix) :].split("-")[1])
-        except (IndexError, ValueError):
+            role, pid, _ = sibling.name[len(prefix) :].split("-", 2)
+        except ValueError:
             continue
-        if not _running(pid):
+        if not pid.isdigit() or _running(int(pid)):
+            continue
+        if (
+            role == "new"
+            and not folder.exists()
+            and sibling.with_name(prefix + "old" + sibling.name[len(prefix) + 3 :]).exists()
+        ):
+            sibling.rename(folder)  # the earlier folder was moved aside only once this one was complete
+        else:
             shutil.rmtree(sibling, ignore_errors=True)
 
 
