@@ -55,5 +55,8 @@ def check_fingerprint(expected: dict[str, Any], model: PreTrainedModel, what: st
     if want.shape != have.shape or not torch.allclose(want, have, rtol=0.05, atol=2e-3):
         raise ValueError(
             f"{what} was trained for a different {actual['model_type']} model of the same shape (embedding/LM-head "
-            "fingerprint differs): use the head trained for this model"
+            "fingerprint differs): use the head trained for this model. If it is the same model in another build "
+            "(the Hub's weights against the de-quantized GGUF build `hf-spec fetch` makes, which hf-spec's committed "
+            "heads are for, or a re-quantized copy), load the build the head's card names, or fine-tune the head "
+            "on your weights (`hf-spec train ... --init-from HEAD`)"
         )
