@@ -74,9 +74,14 @@ _CACHE_PATH = re.compile(r"(?<![\w.~/])(?:~|(?:/[^\s/`'\"]+)+)/\.cache/hf-spec(?
 _HOME_PATH = re.compile(r"(?<![\w.~])/(?:root|home/[^\s/`'\"]+)(?=/)")
 
 
+_OTHER_ABSOLUTE = re.compile(r"(?<![\w.~$/:])(?:/[^\s/`'\"]+)+/([^\s/`'\"]+)")
+
+
 def portable_paths(text: str) -> str:
-    """`text` with the training machine's hf-spec cache written `$HF_SPEC_CACHE` and its home folder `~`."""
-    return _HOME_PATH.sub("~", _CACHE_PATH.sub("$HF_SPEC_CACHE", text))
+    """`text` with the training machine's hf-spec cache written `$HF_SPEC_CACHE`, its home folder `~`, and any other
+    absolute path by its last part (`/srv/runs/my-head` -> `my-head`)."""
+    text = _HOME_PATH.sub("~", _CACHE_PATH.sub("$HF_SPEC_CACHE", text))
+    return _OTHER_ABSOLUTE.sub(r"\1", text)
 
 
 def hub_id(target: str) -> str:
