@@ -276,3 +276,50 @@ def test_a_head_for_a_gguf_build_on_the_original_weights(embedding, layers, load
         with pytest.raises(ValueError, match="another build") as refused:
             check_fingerprint(recorded, original, "the head")
         assert "hf-spec fetch" in str(refused.value) and "--init-from" in str(refused.value)
+
+
+# ------------------------------------------------------------------------------------------------ commands
+
+
+def _documented_commands() -> list[tuple[str, str]]:
+    """`(page, command)` of every `hf-spec ...` line in the shell blocks of the user docs (continuations joined)."""
+    found = []
+    for page in [*USER_DOCS, *(c / "README.md" for c in CARDS)]:
+        for block in re.findall(r"```(?:bash|sh|shell)\n(.*?)```", page.read_text(), re.S):
+            joined = block.replace("\\\n", "")  # a line continuation, as the shell reads it
+            for line in joined.splitlines():
+                line = line.strip()
+                if line.startswith("hf-spec ") or line.startswith(".venv/bin/hf-spec "):
+                    found.append((str(page.relative_to(REPO)), line))
+    return found
+
+
+def test_documented_commands_parse_as_written():
+    """Every documented `hf-spec` command is one the parser accepts as written, its old spellings included
+    (they would warn). Skipped, as they cannot parse: lines that expand shell variables (`$P`) or hold
+    placeholders in angle brackets; what each command then does with its files is covered by its own tests."""
+    import shlex
+    import warnings
+
+    from hf_spec.cli.main import build_parser
+
+    commands = _documented_commands()
+    assert len(commands) > 30
+    parser, skipped, failed = build_parser(), [], []
+    for page, line in commands:
+        argv = shlex.split(line, comments=True)[1:]
+        argv = argv[: argv.index("|")] if "|" in argv else argv  # a pipe into another program
+        if any("$" in a or "<" in a for a in argv) or "..." in argv:
+            skipped.append((page, line))
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)  # the docs use the current spellings
+            try:
+                parser.parse_args(argv)
+            except SystemExit as err:  # --help and --version exit 0
+                if err.code != 0:
+                    failed.append(f"{page}: `{line}` (exit {err.code})")
+            except FutureWarning as err:
+                failed.append(f"{page}: `{line}` ({err})")
+    assert not failed, "\n".join(failed)
+    assert len(skipped) < len(commands) / 2

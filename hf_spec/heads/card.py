@@ -270,7 +270,7 @@ def exit_heads_card(
             f"in a method config); it holds the last layer's argmax at {t['draft_vocab_coverage']:.1%} of the "
             "held-out positions."
         )
-    lines += ["- Command:", "", "```bash", command, "```", ""]
+    lines += ["- Command:", "", "```bash", _with_responses(command, t.get("data")), "```", ""]
     heldout = t.get("heldout", {})
     if heldout:
         lines += [
@@ -284,6 +284,15 @@ def exit_heads_card(
         lines.append("")
     lines += ["## Results", "", *results_table(measured), ""]
     return portable_paths("\n".join(lines))
+
+
+def _with_responses(command: str, data: str | None) -> str:
+    """An exit-heads training command with its answers file named: runs from when `--data` had a default did not
+    write it."""
+    words = shlex.split(command) if command else []
+    if not data or not words or "--responses" in words or "--data" in words:
+        return command
+    return f"{command} --responses {shlex.quote(Path(data).name)}"
 
 
 def _exit_heads_time_line(training: dict[str, Any]) -> list[str]:
