@@ -323,3 +323,21 @@ def test_documented_commands_parse_as_written():
                 failed.append(f"{page}: `{line}` ({err})")
     assert not failed, "\n".join(failed)
     assert len(skipped) < len(commands) / 2
+
+
+def test_head_folder_notebook_finds_the_head_from_any_working_directory(monkeypatch, tmp_path):
+    """The notebook's `repository_folder` finds the committed head from anywhere inside the clone; outside one it
+    would clone the repository for its files (not run here: no network)."""
+    nb = json.loads((REPO / "examples" / "head_folder.ipynb").read_text())
+    source = next(
+        "".join(c["source"]) for c in nb["cells"] if "def repository_folder" in "".join(c["source"])
+    )
+    definition = source[source.index("def repository_folder") : source.index("\nHEAD = ")]
+    namespace = {"Path": Path, "subprocess": None}
+    exec(definition, namespace)
+    for cwd in (REPO, REPO / "examples", REPO / "hf_spec" / "cli"):
+        monkeypatch.chdir(cwd)
+        found = namespace["repository_folder"]("model_cards/hass-smollm2-135m-instruct")
+        assert (found / "hf_spec_config.json").is_file(), cwd
+    install = "".join(next(c for c in nb["cells"] if c["cell_type"] == "code")["source"])
+    assert '%pip install -q "hf-spec[gguf,bench,train] @ git+' in install and "git clone" not in install
