@@ -243,7 +243,7 @@ def test_bench_off_the_cpu(lazy_device, tmp_path):
         json.dumps({"question_id": 1, "category": "writing", "turns": ["Once upon a time, Tom"]}) + "\n"
     )
     argv = ["bench", "--target", str(STORIES), "--methods", "ar,pld", "--prompts", str(prompts)]
-    argv += ["--max-new-tokens", "8", "--check-lossless", "--threads", "1", "--device", lazy_device]
+    argv += ["--max-new-tokens", "8", "--check-lossless", "--threads", "1", "--device", lazy_device, "--dtype", "float32"]
     assert main([*argv, "--out", str(tmp_path / "out")]) == 0
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert results["machine"]["device"] == lazy_device
