@@ -80,6 +80,8 @@ def test_generate_reports_the_spread_and_a_busy_machine(monkeypatch):
 
 def test_generate_times_interleaved_repeats(capsys):
     argv = ["generate", "--target", str(STORIES), "--method", "pld", "--prompt", "Once upon a time, Tom"]
-    assert main([*argv, "--max-new-tokens", "12", "--threads", "1", "--dtype", "float32", "--repeats", "2"]) == 0
+    assert (
+        main([*argv, "--max-new-tokens", "12", "--threads", "1", "--dtype", "float32", "--repeats", "2"]) == 0
+    )
     text = capsys.readouterr().out
     assert "(median of 2 runs;" in text and "over 2 interleaved runs" in text and "load average: " in text
