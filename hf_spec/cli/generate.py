@@ -96,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
     model.generate(input_ids, max_new_tokens=4, do_sample=False, custom_generate=decoder)  # warm-up
     print(f"--- {args.target} ({model.dtype}), method {args.method}, {threads} threads ---")
     load_before = _load_average()
+    # the streamed run is the first timed speculative run
     spec_s, out = _timed(
         model.generate,
         input_ids,
@@ -106,7 +107,6 @@ def run(args: argparse.Namespace) -> int:
     stats = decoder.last_stats
     print("---")
     spec_tps = [stats.new_tokens / spec_s]
-    taus = [stats.tau]
     print(
         f"hf-spec {args.method}: {stats.new_tokens} tokens in {spec_s:.2f} s = {spec_tps[0]:.1f} tokens/s; "
         f"mean accepted tokens per target forward (tau) = {stats.tau:.2f}"
@@ -119,7 +119,6 @@ def run(args: argparse.Namespace) -> int:
         if i:
             seconds, _ = _timed(model.generate, input_ids, custom_generate=decoder, **kwargs)
             spec_tps.append(decoder.last_stats.new_tokens / seconds)
-            taus.append(decoder.last_stats.tau)
         seconds, plain = _timed(model.generate, input_ids, **kwargs)
         ar_tps.append((plain.shape[1] - input_ids.shape[1]) / seconds)
         ref = plain if ref is None else ref
