@@ -65,5 +65,5 @@ for step in "" step2; do
   done
 done
 read -r -a bench_args <<<"${BENCH_ARGS:---per-category 1 --max-new-tokens 128}"
-hf-spec bench --target "$target" --prompts "${PROMPTS:-../shared/data/eval/spec_bench_dev.jsonl}" "${bench_args[@]}" \
+hf-spec bench --target "$target" --prompts "${PROMPTS:-benchmarks/prompts/spec_bench_dev.jsonl}" "${bench_args[@]}" \
   --check-lossless --dtype bfloat16 --threads 2 --methods "$methods" --out "$out/bench"

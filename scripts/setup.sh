@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # Create .venv and install hf-spec with its extras. Idempotent: a second run only checks.
-# torch is pinned to the CPU build the project is tested with (TORCH_SPEC overrides it): an unpinned
-# `torch` from the registry pulls several GB of CUDA packages on a CPU-only machine.
+# torch is pinned to the version the project is tested with (TORCH_SPEC overrides it): the CPU build from PyTorch's
+# CPU index where nvidia-smi finds no GPU (the default index serves Linux the CUDA build, several GB of CUDA
+# packages a CPU cannot use), the default index's CUDA build where it finds one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+else
+  TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu}
+fi
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi

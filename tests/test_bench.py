@@ -55,6 +55,8 @@ def test_bench_writes_spec_bench_results(prompt_file, tmp_path):
             "--check-lossless",
             "--threads",
             "1",
+            "--dtype",
+            "float32",  # exact tokens (bench's default is the published figures' bfloat16)
             "--out",
             str(out),
         ]
@@ -177,7 +179,7 @@ def test_sweep_hispec_writes_the_grid_the_best_pair_and_the_size_sweeps(tmp_path
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
     argv = ["sweep", "hispec", "--target", str(STORIES), "--prompts", str(prompts), "--max-new-tokens", "10"]
     argv += ["--draft-layers", "1,2", "--verify-layers", "3", "--nd-values", "1,2", "--ni-values", "2"]
-    assert main([*argv, "--threads", "1", "--out", str(tmp_path / "out")]) == 0
+    assert main([*argv, "--threads", "1", "--dtype", "float32", "--out", str(tmp_path / "out")]) == 0
     sweep = json.loads((tmp_path / "out" / "sweep.json").read_text())
     assert sweep["best"] in sweep["summary"] and (tmp_path / "out" / "heatmap.png").exists()
     assert all(s["mismatches"] == 0 for name, s in sweep["summary"].items() if not name.startswith("ar"))

@@ -64,3 +64,27 @@ def test_console_errors_are_one_line(capsys, monkeypatch):
     monkeypatch.setenv("HF_SPEC_DEBUG", "1")
     with pytest.raises(ValueError, match="num_draft_tokens"):
         console_main(["generate", "--target", str(STORIES), "--method", "pld:0"])
+
+
+def test_generate_reports_the_spread_and_a_busy_machine(monkeypatch):
+    """The demo's speedup is a median of interleaved runs with its spread; a busy machine or runs that disagree
+    get a warning instead of one number taken as the truth."""
+    from hf_spec.cli import generate
+
+    monkeypatch.setattr(generate.os, "cpu_count", lambda: 2)
+    assert generate._median([1.0, 3.0, 2.0]) == 2.0 and generate._median([1.0, 2.0]) == 1.5
+    quiet = generate._load_line(0.4, 1.9, [1.70, 1.74, 1.78])
+    assert quiet == "load average: 0.40 before the runs, 1.90 after (2 cores)"
+    busy = generate._load_line(3.5, 4.0, [1.70, 1.74, 1.78])
+    assert "warning: the machine was busy (load 3.50 on 2 cores before the runs)" in busy
+    noisy = generate._load_line(0.1, 1.0, [0.46, 1.60, 1.74])
+    assert "warning: the runs disagree (0.46x to 1.74x)" in noisy and "busy" not in noisy
+
+
+def test_generate_times_interleaved_repeats(capsys):
+    argv = ["generate", "--target", str(STORIES), "--method", "pld", "--prompt", "Once upon a time, Tom"]
+    assert (
+        main([*argv, "--max-new-tokens", "12", "--threads", "1", "--dtype", "float32", "--repeats", "2"]) == 0
+    )
+    text = capsys.readouterr().out
+    assert "(median of 2 runs;" in text and "over 2 interleaved runs" in text and "load average: " in text

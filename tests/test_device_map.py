@@ -117,6 +117,7 @@ def test_cli_loads_a_mapped_target(tmp_path, capsys):
 
     map_arg = '{"model.embed_tokens": "cpu", "model.layers": "disk", "model.norm": "cpu", "lm_head": "cpu"}'
     argv = ["generate", "--target", str(STORIES), "--method", "pld", "--prompt", "Once upon a time"]
+    argv += ["--dtype", "auto"]
     assert (
         main([*argv, "--max-new-tokens", "12", "--device-map", map_arg, "--offload-folder", str(tmp_path)])
         == 0

@@ -227,7 +227,8 @@ def test_cli_device_option(capsys, monkeypatch, lazy_device):
         resolve_device("cuda:0")
     with pytest.raises(ValueError, match="not a device torch knows"):
         resolve_device("gpu7")
-    argv = ["generate", "--target", str(STORIES), "--method", "pld", "--prompt", "Once", "--device"]
+    argv = ["generate", "--target", str(STORIES), "--method", "pld", "--prompt", "Once", "--dtype", "auto"]
+    argv += ["--device"]
     assert console_main([*argv, "cuda"]) != 0
     assert "torch sees no CUDA device" in capsys.readouterr().err
     assert console_main([*argv, "cpu", "--max-new-tokens", "8", "--threads", "1"]) == 0
@@ -247,6 +248,7 @@ def test_bench_off_the_cpu(lazy_device, tmp_path):
     )
     argv = ["bench", "--target", str(STORIES), "--methods", "ar,pld", "--prompts", str(prompts)]
     argv += ["--max-new-tokens", "8", "--check-lossless", "--threads", "1", "--device", lazy_device]
+    argv += ["--dtype", "float32"]
     assert main([*argv, "--out", str(tmp_path / "out")]) == 0
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert results["machine"]["device"] == lazy_device

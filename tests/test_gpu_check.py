@@ -59,6 +59,8 @@ def recording(tmp_path_factory) -> Path:
         "24",
         "--threads",
         "1",
+        "--dtype",
+        "float32",
         "--record-rounds",
         str(path),
         "--out",

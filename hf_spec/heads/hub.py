@@ -44,6 +44,8 @@ def generate(model, **kwargs):
 # custom_generate/requirements.txt, checked by transformers before it runs the folder's generate.py; on a CUDA
 # target hf-spec runs the round's Triton kernels (its `triton` backend), on the CPU its CPU kernels
 REQUIREMENTS = """hf-spec>=0.1.0
+# hf-spec is not on PyPI: install it with pip install "hf-spec @ git+https://github.com/hf-spec/hf-spec" or from a
+# wheel built from its repository (python -m build; see its docs, Getting started > Install)
 # GPU: the triton package (it comes with torch's CUDA wheels; else pip install 'hf-spec[triton]') lets hf-spec
 # run acceptance, cache compaction, tree masks and draft top-k in its Triton kernels on a CUDA target
 """

@@ -52,8 +52,19 @@ def check_fingerprint(expected: dict[str, Any], model: PreTrainedModel, what: st
             )
     want = torch.tensor(expected.get("signature", []), dtype=torch.float64)
     have = torch.tensor(actual["signature"], dtype=torch.float64)
-    if want.shape != have.shape or not torch.allclose(want, have, rtol=0.05, atol=2e-3):
+    if want.shape != have.shape:  # one of the two ties its LM head to its embedding, the other does not
+        tied = "ties" if have.numel() < want.numel() else "does not tie"
+        raise ValueError(
+            f"{what} was trained for a {actual['model_type']} model whose LM head is {'not ' * (tied == 'ties')}"
+            f"tied to its embedding, and this model {tied} them: another model, or the same model in another build "
+            "(a GGUF build stores the LM head apart where the Hub's model ties it). Load the build the head's card "
+            "names (`hf-spec fetch NAME`), or fine-tune the head on your weights (`hf-spec train ... --init-from HEAD`)"
+        )
+    if not torch.allclose(want, have, rtol=0.05, atol=2e-3):
         raise ValueError(
             f"{what} was trained for a different {actual['model_type']} model of the same shape (embedding/LM-head "
-            "fingerprint differs): use the head trained for this model"
+            "fingerprint differs): use the head trained for this model. If it is the same model in another build "
+            "(the Hub's weights against the de-quantized GGUF build `hf-spec fetch` makes, which hf-spec's committed "
+            "heads are for, or a re-quantized copy), load the build the head's card names, or fine-tune the head "
+            "on your weights (`hf-spec train ... --init-from HEAD`)"
         )
