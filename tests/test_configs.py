@@ -272,6 +272,10 @@ def test_flat_keyword_arguments_and_switches_map_to_parts():
         both = PostUseConfig(alpha=0.5, precut={"alpha": 0.2, "gamma": 1.0})
     assert both.precut.alpha == 0.2 and both.precut.gamma == 1.0
     with pytest.raises(
+        AttributeError, match="has no attribute 'both_nodes': the setting is now fusion.both_nodes"
+    ):
+        TalonConfig().both_nodes  # noqa: B018
+    with pytest.raises(
         TypeError, match=r"precut must be a dict of its settings or null \(true or false in the flat layout"
     ):
         PostUseConfig.from_dict({"precut": "yes"})

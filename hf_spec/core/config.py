@@ -174,6 +174,11 @@ class MethodConfig:
                 f"an hf-spec {type(self).__name__} was passed where transformers expects a model (assistant_model=): "
                 "call hf_spec.integrations.enable_assistant(model) first, or pass custom_generate=SpeculativeDecoder(...)"
             )
+        moved = type(self).flat_keys.get(name)
+        if moved is not None:  # a setting of the flat layout, now in a part
+            raise AttributeError(
+                f"{type(self).__name__} has no attribute {name!r}: the setting is now {moved}"
+            )
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __post_init__(self) -> None:
