@@ -126,6 +126,9 @@ def _undefined_names(code: str) -> set[str]:
 def test_committed_cards_render_as_the_hub_shows_them(folder):
     card = (folder / "README.md").read_text()
     meta = _front_matter(card)
+    yaml = pytest.importorskip("yaml")
+    parsed = yaml.safe_load("\n".join(meta))  # the Hub reads the front matter as YAML
+    assert parsed["library_name"] == "hf-spec" and "/" in parsed["base_model"] and parsed["tags"]
     tags = [line[2:] for line in meta if line.startswith("- ")]
     assert len(tags) == len(set(tags)), f"duplicate tags: {tags}"
     assert not any(line.startswith("pipeline_tag:") for line in meta), "a head does not generate on its own"
