@@ -154,6 +154,9 @@ def test_card_generation_refuses_a_collapsed_head():
     assert "does not follow its own drafts" in collapse_reason(collapsed)
     with pytest.raises(CollapsedHeadError, match="collapsed on its held-out data"):
         head_card("EAGLE", "eagle", "qwen2.5-coder-0.5b-instruct", collapsed, "hf-spec train eagle ...")
+    saved = head_card("EAGLE", "eagle", "qwen2.5-coder-0.5b-instruct", collapsed, "cmd", allow_collapsed=True)
+    assert "> **Collapsed head: not for publishing.** Held-out agreement falls from 0.372" in saved
+    assert "not for publishing" not in head_card("EAGLE", "eagle", "qwen2.5-coder-0.5b-instruct", {}, "cmd")
     overfit = {"heldout": {"accuracy_by_depth": [0.30, 0.25, 0.2, 0.2], "loss": 9.0}, "final_loss": 2.0}
     assert "over 4x the final training loss" in collapse_reason(overfit)
     useless = {"heldout": {"accuracy_by_depth": [0.01, 0.01, 0.01, 0.01]}}

@@ -88,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         check_data_options,
         default_run_dir,
         store_data,
+        warn_if_collapsed,
     )
     from hf_spec.heads.card import head_card
     from hf_spec.heads.hub import HEAD_IN_THIS_FOLDER, write_recipe_and_card
@@ -150,7 +151,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     command = args.command_line
     report |= {"command": command} | info | started_from(args.init_from)
-    card = head_card("EAGLE-3", "eagle3", Path(args.target).name, report, command)
+    card = head_card("EAGLE-3", "eagle3", Path(args.target).name, report, command, allow_collapsed=True)
+    warn_if_collapsed(report, "EAGLE-3")
     write_recipe_and_card(out, Eagle3Config(head=HEAD_IN_THIS_FOLDER), card)
     (out / "training_report.json").write_text(json.dumps(report, indent=1) + "\n")
     # the weights and sidecar last: their checksum list marks the folder written whole
