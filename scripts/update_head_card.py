@@ -91,8 +91,10 @@ def _exit_heads_command(folder: Path, config: dict) -> str:
     return block[1].strip().removeprefix("bash").strip() if len(block) > 2 else ""
 
 
-def update_card(folder: str | Path, results_files: list[str]) -> int:
-    """Rewrite `folder`'s README.md; returns the number of measured rows (a head's: those of its own method)."""
+def update_card(folder: str | Path, results_files: list[str], allow_collapsed: bool = False) -> int:
+    """Rewrite `folder`'s README.md; returns the number of measured rows (a head's: those of its own method). A
+    collapsed head (`hf_spec.heads.card.collapse_reason`) is refused, unless `allow_collapsed` (then its card says
+    it is not for publishing, as the trainer's did)."""
     folder = Path(folder)
     config = json.loads((folder / "config.json").read_text())
     rows = measured_rows(folder, results_files)
@@ -106,7 +108,7 @@ def update_card(folder: str | Path, results_files: list[str]) -> int:
         target = Path(holder["target"]["name_or_path"]).name
         # the head's own method only, not hybrids that use it
         rows = [r for r in rows if r["method"].partition(":")[0] == method]
-        card = head_card(kind, method, target, report, report.get("command", ""), rows)
+        card = head_card(kind, method, target, report, report.get("command", ""), rows, allow_collapsed)
     else:  # exit heads
         card = exit_heads_card(config, _exit_heads_command(folder, config), rows)
     (folder / "README.md").write_text(card)

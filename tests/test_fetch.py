@@ -161,6 +161,6 @@ def test_cli(fake, capsys, monkeypatch):
         raise F.FetchError("registry unreachable")
 
     monkeypatch.setattr(cli_fetch, "fetch_model", boom)
-    assert args.func(args) == 1
+    assert args.func(args) == 2  # as every command's input and environment errors
     err = capsys.readouterr().err
     assert "registry unreachable" in err and err.count("\n") == 1

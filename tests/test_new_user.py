@@ -126,6 +126,9 @@ def _undefined_names(code: str) -> set[str]:
 def test_committed_cards_render_as_the_hub_shows_them(folder):
     card = (folder / "README.md").read_text()
     meta = _front_matter(card)
+    yaml = pytest.importorskip("yaml")
+    parsed = yaml.safe_load("\n".join(meta))  # the Hub reads the front matter as YAML
+    assert parsed["library_name"] == "hf-spec" and "/" in parsed["base_model"] and parsed["tags"]
     tags = [line[2:] for line in meta if line.startswith("- ")]
     assert len(tags) == len(set(tags)), f"duplicate tags: {tags}"
     assert not any(line.startswith("pipeline_tag:") for line in meta), "a head does not generate on its own"
@@ -151,6 +154,9 @@ def test_card_generation_refuses_a_collapsed_head():
     assert "does not follow its own drafts" in collapse_reason(collapsed)
     with pytest.raises(CollapsedHeadError, match="collapsed on its held-out data"):
         head_card("EAGLE", "eagle", "qwen2.5-coder-0.5b-instruct", collapsed, "hf-spec train eagle ...")
+    saved = head_card("EAGLE", "eagle", "qwen2.5-coder-0.5b-instruct", collapsed, "cmd", allow_collapsed=True)
+    assert "> **Collapsed head: not for publishing.** Held-out agreement falls from 0.372" in saved
+    assert "not for publishing" not in head_card("EAGLE", "eagle", "qwen2.5-coder-0.5b-instruct", {}, "cmd")
     overfit = {"heldout": {"accuracy_by_depth": [0.30, 0.25, 0.2, 0.2], "loss": 9.0}, "final_loss": 2.0}
     assert "over 4x the final training loss" in collapse_reason(overfit)
     useless = {"heldout": {"accuracy_by_depth": [0.01, 0.01, 0.01, 0.01]}}

@@ -10,6 +10,7 @@ import torch
 from transformers import DynamicCache
 
 from hf_spec.cli.main import main
+from hf_spec.heads.card import portable_paths
 from hf_spec.methods.eagle3.modeling import Eagle3Head, Eagle3HeadConfig
 from hf_spec.models.fingerprint import target_fingerprint
 from hf_spec.training.eagle3 import Eagle3TrainConfig, Eagle3Trainee, train_eagle3, unrolled_states
@@ -130,7 +131,8 @@ def test_cli_trains_and_saves_a_loadable_eagle3_folder(stories, tmp_path, keep_t
     update_card = load_script("update_head_card").update_card
     before = card
     (out / "README.md").write_text("stale")
-    assert update_card(out, []) == 0 and (out / "README.md").read_text() == before
+    # (a head trained for two steps collapses: its card, as training wrote it, says so)
+    assert update_card(out, [], allow_collapsed=True) == 0 and (out / "README.md").read_text() == before
     # training on from the saved head keeps its draft vocabulary and starts from its weights
     again = ["train", "eagle3", "--target", str(STORIES), "--features", str(store.folder), "--sources", "toy"]
     again += ["--epochs", "1", "--heldout", "2", "--threads", "1", "--lr", "1e-12", "--save-dtype", "float32"]
@@ -149,8 +151,9 @@ def test_cli_trains_and_saves_a_loadable_eagle3_folder(stories, tmp_path, keep_t
     assert on_report["started_from"]["head"] == str(out)
     assert on_report["started_from"]["training"]["heldout"] == first["heldout"]
     on_card = (tmp_path / "on" / "README.md").read_text()
-    assert f"- Started from the head `{out}`, itself trained on " in on_card
-    assert f"Its command: `{first['command']}`" in on_card
+    # the card writes the training machine's paths portably (an absolute path by its last part)
+    assert f"- Started from the head `{out.name}`, itself trained on " in on_card
+    assert f"Its command: `{portable_paths(first['command'])}`" in on_card
     with pytest.raises(ValueError, match="64-token draft vocabulary, the training config asks for 32"):
         main([*again, "--init-from", str(out), "--draft-vocab", "32", "--out", str(tmp_path / "x")])
     with pytest.raises(ValueError, match="no sequences"):

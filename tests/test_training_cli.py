@@ -120,7 +120,8 @@ def test_train_cli_end_to_end_and_resume(tmp_path, prompts_file, kind):
     on_report = json.loads((on / "training_report.json").read_text())
     assert on_report["config"]["extra"] == {"init_from": str(out)}
     assert on_report["started_from"]["training"]["final_loss"] == report["final_loss"]
-    assert f"- Started from the head `{out}`, itself trained on " in (on / "README.md").read_text()
+    # the card names the start head by its folder's name (the training machine's paths are written portably)
+    assert f"- Started from the head `{out.name}`, itself trained on " in (on / "README.md").read_text()
     elsewhere = [*_set(tuned_args, "--out", str(tmp_path / "x")), "--init-from", str(out)]
     with pytest.raises(ValueError, match="256-token draft vocabulary, the training config asks for 128"):
         main([*elsewhere, "--draft-vocab", "128"])
@@ -494,8 +495,10 @@ def test_init_from_last_layer_reaches_the_training_config():
 
 
 def test_exit_heads_record_the_command_and_time_as_given(tmp_path, keep_threads):
-    """The exit heads' card and config carry the command line as it was typed, every flag included; the card also
-    gives the training time."""
+    """The exit heads' config carries the command line as it was typed, every flag included, and the card the same
+    with the training machine's paths written portably; the card also gives the training time."""
+    from hf_spec.heads.card import portable_paths
+
     data = tmp_path / "responses.jsonl"
     story = "Once upon a time there was a little girl named Lily. She liked to play outside."
     data.write_text(
@@ -509,7 +512,7 @@ def test_exit_heads_record_the_command_and_time_as_given(tmp_path, keep_threads)
     command = "hf-spec " + " ".join(argv)
     assert json.loads((out / "config.json").read_text())["training"]["command"] == command
     card = (out / "README.md").read_text()
-    assert command in card
+    assert portable_paths(command) in card and str(tmp_path) not in card
     # the fit's wall time and throughput: 2 steps of 8 positions
     (line,) = [x for x in card.splitlines() if x.startswith("- Training time: ")]
     assert " fitting with 1 thread on " in line and line.endswith(" trained positions/s.")

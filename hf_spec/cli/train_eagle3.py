@@ -88,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         check_data_options,
         default_run_dir,
         store_data,
+        warn_if_collapsed,
     )
     from hf_spec.core.specs import HEAD_IN_THIS_FOLDER
     from hf_spec.heads.card import head_card
@@ -151,7 +152,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     command = args.command_line
     report |= {"command": command} | info | started_from(args.init_from)
-    card = head_card("EAGLE-3", "eagle3", Path(args.target).name, report, command)
+    card = head_card("EAGLE-3", "eagle3", Path(args.target).name, report, command, allow_collapsed=True)
+    warn_if_collapsed(report, "EAGLE-3")
     files = recipe_and_card_files(Eagle3Config(head=HEAD_IN_THIS_FOLDER), card)
     files["training_report.json"] = json.dumps(report, indent=1) + "\n"
     dtype = getattr(torch, args.save_dtype)  # the folder is written whole, its checksum list last

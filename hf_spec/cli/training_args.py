@@ -181,7 +181,8 @@ def train_and_save(args: argparse.Namespace, cfg, train_fn, recipe_cls, kind: st
     command = args.command_line
     report = report | {"command": command} | info | started_from(args.init_from)
     head.config.training = report
-    card = head_card(kind, recipe_cls.method, Path(args.target).name, report, command)
+    card = head_card(kind, recipe_cls.method, Path(args.target).name, report, command, allow_collapsed=True)
+    warn_if_collapsed(report, kind)
     report_file = {"training_report.json": json.dumps(report, indent=1) + "\n"}
     save_head_folder(head, out, recipe_cls(head=HEAD_IN_THIS_FOLDER), card, extra_files=report_file)
     print(
@@ -189,6 +190,20 @@ def train_and_save(args: argparse.Namespace, cfg, train_fn, recipe_cls, kind: st
         f"{report['tokens_per_second']:.0f} trained tokens/s over {report['wall_seconds']} s"
     )
     return 0
+
+
+def warn_if_collapsed(report: dict, kind: str) -> None:
+    """Say on stderr when the trained head collapsed on its held-out data (its card says so too)."""
+    import sys
+
+    from hf_spec.heads.card import collapse_reason
+
+    reason = collapse_reason(report)
+    if reason:
+        print(
+            f"warning: the {kind} head collapsed ({reason}): its card marks it not for publishing",
+            file=sys.stderr,
+        )
 
 
 def check_data_options(args: argparse.Namespace) -> None:

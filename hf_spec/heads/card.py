@@ -29,17 +29,18 @@ ON_HUB_WEIGHTS = {
     "target less, as the layers differ by a 4-bit round trip",
 }
 
-# A head whose held-out agreement collapses is not given a card (nor saved by the trainers): its agreement at draft
-# depth 2 under a quarter of its depth-1 agreement (the head no longer follows its own drafts), its depth-1
-# agreement under 5% (it predicts almost nothing), or its held-out loss over 4x its final training loss (it learned
-# its training data, not the target)
+# A head collapses when its agreement at draft depth 2 is under a quarter of its depth-1 agreement (it no longer
+# follows its own drafts), its depth-1 agreement is under 5% (it predicts almost nothing), or its held-out loss is
+# over 4x its final training loss (it learned its training data, not the target). Card generation refuses such a
+# head a publishable card: a trainer still saves what it trained, under a card that says so at its top
+# (`allow_collapsed`), and `scripts/update_head_card.py` / `canonical.py report` (the committed cards) refuse it.
 COLLAPSE_DEPTH_RATIO = 0.25
 COLLAPSE_MIN_AGREEMENT = 0.05
 COLLAPSE_LOSS_RATIO = 4.0
 
 
 class CollapsedHeadError(ValueError):
-    """A head's held-out agreement collapsed (see `collapse_reason`): it gets no card and is not published."""
+    """A head's held-out agreement collapsed (see `collapse_reason`): it gets no publishable card."""
 
 
 def collapse_reason(report: dict[str, Any]) -> str | None:
@@ -70,10 +71,21 @@ def check_not_collapsed(report: dict[str, Any], what: str = "the head") -> None:
     reason = collapse_reason(report)
     if reason:
         raise CollapsedHeadError(
-            f"{what} collapsed on its held-out data ({reason}), so it gets no card and no head folder; its training "
-            "checkpoints stay in the run's --checkpoint-dir. Train it with context alignment (--align-steps 3 "
-            "--topk 10), on more data, or for fewer epochs"
+            f"{what} collapsed on its held-out data ({reason}): it gets no card to publish it with. Train it with "
+            "context alignment (--align-steps 3 --topk 10), on more data, or for fewer epochs"
         )
+
+
+def _collapse_banner(report: dict[str, Any]) -> list[str]:
+    """The warning at the top of the card of a collapsed head a trainer saved."""
+    reason = collapse_reason(report)
+    if not reason:
+        return []
+    return [
+        f"> **Collapsed head: not for publishing.** {reason[0].upper()}{reason[1:]}. It drafts badly; train it with "
+        "context alignment (`--align-steps 3 --topk 10`), on more data, or for fewer epochs.",
+        "",
+    ]
 
 
 # absolute paths of the machine a head was trained on, written portably on its card
@@ -158,10 +170,14 @@ def head_card(
     report: dict[str, Any],
     command: str,
     measured: list[dict[str, Any]] | None = None,
+    allow_collapsed: bool = False,
 ) -> str:
     """README.md of a draft-head folder. `kind`: "EAGLE", "HASS", "Lyanna" or "EAGLE-3"; `method`: its hf-spec
-    method (`eagle`, `lyanna`, `eagle3`); `report`: the training report; `measured`: rows for `results_table`."""
-    check_not_collapsed(report, f"the {kind} head")
+    method (`eagle`, `lyanna`, `eagle3`); `report`: the training report; `measured`: rows for `results_table`.
+    A collapsed head (`collapse_reason`) raises `CollapsedHeadError`, or with `allow_collapsed` (the trainers,
+    which save what they trained) gets a card that says at its top that it is not for publishing."""
+    if not allow_collapsed:
+        check_not_collapsed(report, f"the {kind} head")
     cfg = report.get("config", {})
     heldout = report.get("heldout", {})
     name = Path(target).name
@@ -169,6 +185,7 @@ def head_card(
     lines += [
         f"# {kind} draft head for {hub_id(target)}",
         "",
+        *_collapse_banner(report),
         f"A draft head for lossless speculative decoding of `{hub_id(target)}` with "
         f"[hf-spec]({PROJECT_URL}) (its `{method}` method). The head proposes tokens and the "
         "target verifies them: greedy output is the target's own `generate(do_sample=False)` output, and sampling "
