@@ -391,9 +391,21 @@ def report(args: argparse.Namespace) -> int:
             for name, results in cls_runs:
                 for png in write_plots(results, root / cls / name):
                     shutil.copyfile(png, ASSETS / cls / f"{name}-{png.name}")
+    peer_runs = load_peer_runs(root / "peers")
+    if not args.check:  # the peers' plots beside hf-spec's
+        for cls, name, _ in peer_runs:
+            if (root / "peers" / cls / name / "speedup.png").is_file():
+                (ASSETS / "peers" / cls).mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(
+                    root / "peers" / cls / name / "speedup.png", ASSETS / "peers" / cls / f"{name}.png"
+                )
     docs = {
         REPO / "docs" / "benchmarks.md": {"tables": benchmarks_block(classes)},
         REPO / "README.md": {"readme": readme_block(runs)},
+        REPO / "docs" / "engines.md": {
+            "peers": peers_block(peer_runs),
+            "peers-check": peers_check_block(peer_runs),
+        },
     }
     for method in METHODS:
         page = REPO / "docs" / "methods" / f"{method}.md"
@@ -406,6 +418,47 @@ def report(args: argparse.Namespace) -> int:
     for path in changed:
         print(f"{'out of date' if args.check else 'rewrote'}: {path.relative_to(REPO)}")
     return 1 if args.check and changed else 0
+
+
+def load_peer_runs(root: Path) -> list[tuple[str, str, dict]]:
+    """(machine class, run, results) of every `benchmarks/peers.py` run kept under `root`
+    (`benchmarks/results/peers/<class>/<target>/results.json`)."""
+    found = []
+    for path in sorted(root.glob("*/*/results.json")) if root.is_dir() else []:
+        results = json.loads(path.read_text())
+        if "engines" in results and "summary" in results:
+            found.append((path.parent.parent.name, path.parent.name, results))
+    return found
+
+
+def peers_block(peer_runs: list[tuple[str, str, dict]]) -> str:
+    """docs/engines.md: each kept peers run's table (hf-spec's methods beside the other engines) and plot."""
+    from peers import markdown
+
+    out: list[str] = []
+    for cls, name, results in peer_runs:
+        prompts = max((e["prompts"] for e in results["summary"].values()), default=0)
+        out += [f"#### {name} ({cls})", "", f"{prompts} prompts, greedy, batch size 1.", ""]
+        out += [
+            markdown(results).rstrip("\n"),
+            "",
+            f"![tokens/s: {name}](assets/benchmarks/peers/{cls}/{name}.png)",
+            "",
+        ]
+    return "\n".join(out) if out else "No run of `benchmarks/peers.py` is kept yet.\n"
+
+
+def peers_check_block(peer_runs: list[tuple[str, str, dict]]) -> str:
+    """docs/engines.md: what each kept peers run verified of the exported EAGLE-3 head in vLLM."""
+    from peers import check_line
+
+    lines = [f"- {name} ({cls}): {check_line(r['eagle3_check'])}" for cls, name, r in peer_runs
+             if r.get("eagle3_check", {}).get("ran")]  # fmt: skip
+    return (
+        "\n".join(lines) + "\n"
+        if lines
+        else "No run of `benchmarks/peers.py` with `--check-eagle3` is kept yet.\n"
+    )
 
 
 def update_cards(runs: list[tuple[str, dict]], check: bool) -> list[Path]:
