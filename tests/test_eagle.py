@@ -16,6 +16,7 @@ from hf_spec.core.drafter import SpecState
 from hf_spec.core.specs import HEAD_IN_THIS_FOLDER
 from hf_spec.engine.target.profile import target_profile
 from hf_spec.heads.hub import save_head_folder
+from hf_spec.io.integrity import MARK
 from hf_spec.methods.eagle import EagleConfig, EagleDrafter
 from hf_spec.methods.eagle.drafter import load_head
 from hf_spec.methods.eagle.modeling import EagleHeadConfig, EagleHeadModel
@@ -171,6 +172,13 @@ def test_corrupt_or_missing_head_is_a_clear_error(tmp_path, trained):
     bad.mkdir()
     (bad / "config.json").write_text((folder / "head" / "config.json").read_text())
     (bad / "model.safetensors").write_bytes(b"not a safetensors file")
+    # the copied config.json says hf-spec wrote the folder with a checksum list: the incomplete copy is refused by name
+    with pytest.raises(ValueError, match="the eagle head at .*bad.*hf_spec_checksums.json is missing"):
+        load_head(str(bad), model)
+    # a folder without hf-spec's mark (as saved before checksum lists) is read; a damaged one is refused by name
+    config = json.loads((folder / "head" / "config.json").read_text())
+    config.pop(MARK, None)
+    (bad / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="cannot load the eagle head at .*bad"):
         load_head(str(bad), model)
     # a checkpoint lacking a tensor would load with random weights: refused

@@ -247,7 +247,7 @@ def test_missing_layer_and_missing_folder_are_clear_errors(trained_heads, tmp_pa
         ExitHeads.for_target(model, [LAYERS])
     weights = tmp_path / "one" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:64])  # truncated
-    with pytest.raises(ValueError, match="not a readable safetensors file"):
+    with pytest.raises(ValueError, match="model.safetensors does not match its checksum"):
         ExitHeads.from_pretrained(tmp_path / "one", model)
     for text in ("{oops", "[1]"):
         (tmp_path / "one" / "config.json").write_text(text)

@@ -8,6 +8,8 @@ import argparse
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register the `seal` sub-command."""
+    from hf_spec.cli.common import examples
+
     parser = subparsers.add_parser(
         "seal",
         help="add a complete checksum list to a folder an earlier hf-spec wrote",
@@ -15,6 +17,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "datastore folder that has none or lists only its weights, and mark its config.json (meta.json) so a "
         "copy without the list is refused. Seal only a folder you trust: what it holds now is what later loads "
         "accept. A folder whose list does not match is refused, not sealed.",
+        **examples("hf-spec seal my-head", "hf-spec seal runs/exits-heads"),
     )
     parser.add_argument("folder", help="the folder to seal")
     parser.set_defaults(func=run)
