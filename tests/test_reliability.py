@@ -201,7 +201,7 @@ def test_errors_name_the_input(target, tmp_path):
     (tmp_path / "nomethod.json").write_text('{"num_draft_tokens": 3}')
     with pytest.raises(ValueError, match=r"nomethod\.json has no 'method' key"):
         SpeculativeDecoder(str(tmp_path / "nomethod.json"))
-    with pytest.raises(AttributeError, match=r"call hf_spec\.enable_assistant\(model\) first"):
+    with pytest.raises(AttributeError, match=r"call hf_spec\.integrations\.enable_assistant\(model\) first"):
         target.generate(prompt_ids(8), max_new_tokens=4, assistant_model=SpeculativeDecoder("pld"))
     with pytest.raises(AttributeError, match="enable_assistant"):
         target.generate(prompt_ids(8), max_new_tokens=4, assistant_model=parse_method("pld"))
