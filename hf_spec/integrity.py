@@ -65,9 +65,8 @@ def write_checksums(folder: str | os.PathLike) -> Path:
         if config.is_file():
             data = json.loads(config.read_text())
             if isinstance(data, dict) and data.get(MARK) != LIST_VERSION:
-                write_json_atomic(
-                    config, {**data, MARK: LIST_VERSION}
-                )  # a new file: a hard link is left as it was
+                # written as a new file: a hard link carried from an earlier folder is left as it was
+                write_json_atomic(config, {**data, MARK: LIST_VERSION})
             break
     sums = {}
     for name in shipped_files(folder):

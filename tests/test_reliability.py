@@ -441,7 +441,9 @@ def test_a_planted_checkpoint_runs_no_code_and_a_truncated_one_is_named(target, 
     # a real exit-heads checkpoint resumes (read with weights_only=True)
     ckpt = tmp_path / "good.pt"
     history = train_heads(target, heads, features, steps=2, batch_size=4, negatives=8, checkpoint=ckpt)
-    assert train_heads(target, heads, features, steps=2, batch_size=4, negatives=8, checkpoint=ckpt) == history
+    assert (
+        train_heads(target, heads, features, steps=2, batch_size=4, negatives=8, checkpoint=ckpt) == history
+    )
     data = (run / "checkpoint.pt").read_bytes()
     (run / "checkpoint.pt").write_bytes(data[: len(data) // 2])  # truncated by a full disk or a killed copy
     with pytest.raises(ValueError, match=r"run/checkpoint\.pt: corrupt checkpoint .*delete it to restart"):

@@ -37,6 +37,7 @@ def run_killed_at(event: int, write: Callable[[], None]) -> bool:
     pid = os.fork()
     if pid == 0:  # the child: count the writes, die at the chosen one
         try:
+            torch.set_num_threads(1)  # the parent's OpenMP pool is not usable after a fork
             count = [0]
 
             def hook(fn):
@@ -301,16 +302,18 @@ def test_an_export_killed_anywhere_loads_whole_or_is_absent(target, tmp_path):
         lambda scene: export_head(str(source), "eagle3-sglang", scene / "out"),
         lambda scene: export_head(str(source), "eagle3-vllm", scene / "out"),
         check,
-        {"sglang", "vllm"},
+        {"sglang", "vllm", "absent"},
     )
     assert {"sglang", "finished:vllm"} <= seen
 
 
 @pytest.mark.slow
 def test_a_datastore_killed_anywhere_loads_whole_or_is_absent(tmp_path):
+    # built here, not in the forked writer: the suffix sort may run an OpenMP pool, not usable after a fork
+    indexes = {n: TokenIndex.from_documents([list(range(3, 3 + n)), list(range(5, 40))]) for n in (20, 50)}
+
     def save(folder: Path, n: int) -> None:
-        index = TokenIndex.from_documents([list(range(3, 3 + n)), list(range(5, 40))])
-        save_datastore(folder, index, DatastoreRecipe(), {"format": 1, "tokenizer": None})
+        save_datastore(folder, indexes[n], DatastoreRecipe(), {"format": 1, "tokenizer": None})
 
     def check(scene: Path) -> str:
         return str(load_datastore(scene / "ds").num_tokens) if (scene / "ds").exists() else "absent"
