@@ -33,6 +33,7 @@ BUILD_LOCK = threading.RLock()
 
 
 _POOLS = "_hf_spec_drafter_pools"  # a model's attribute: `_PoolsOfDecoders`
+_POOLS_LOCK = threading.Lock()
 
 
 class _DrafterPool:
@@ -111,7 +112,7 @@ class SpeculativeDecoder:
         self.config = method.config if isinstance(method, Drafter) else parse_method(method)
         self.tokenizer = tokenizer
         self.seed = seed
-        self._lock = threading.Lock()  # guards the drafter pools (`_pool`)
+        self._lock = threading.Lock()  # guards the free lists of this decoder's drafter pools
         self._stats = threading.local()  # `last_stats` of each thread
         self._latest_stats: SpecStats | None = None  # of the latest call of any thread
 
@@ -144,7 +145,7 @@ class SpeculativeDecoder:
 
     def _pool(self, model: PreTrainedModel) -> _DrafterPool:
         """This decoder's drafters for `model`, kept by the model (see `_PoolsOfDecoders`)."""
-        with self._lock:
+        with _POOLS_LOCK:  # one lock for every decoder: two may serve one model at once
             pools = model.__dict__.get(_POOLS)
             if pools is None:
                 pools = model.__dict__[_POOLS] = _PoolsOfDecoders()

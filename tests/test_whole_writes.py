@@ -37,6 +37,7 @@ def run_killed_at(event: int, write: Callable[[], None]) -> bool:
     pid = os.fork()
     if pid == 0:  # the child: count the writes, die at the chosen one
         try:
+            torch.set_num_threads(1)  # the parent's OpenMP pool is not usable after a fork
             count = [0]
 
             def hook(fn):
@@ -260,7 +261,6 @@ def test_a_head_killed_anywhere_loads_whole_or_is_absent(target, tmp_path):
     assert fresh == {"absent", "finished:new card"}
 
 
-@pytest.mark.slow
 def test_exit_heads_killed_anywhere_load_whole_or_are_absent(target, tmp_path):
     def save(folder: Path, card: str) -> None:
         ExitHeads.for_target(target, [2], rank=2).save_pretrained(folder, card=card)
@@ -276,7 +276,7 @@ def test_exit_heads_killed_anywhere_load_whole_or_are_absent(target, tmp_path):
         lambda s: save(s / "exits", "old"),
         lambda s: save(s / "exits", "new"),
         check,
-        {"old", "new"},
+        {"old", "new", "absent"},
     )
     assert {"old", "finished:new"} <= seen
 
@@ -301,29 +301,30 @@ def test_an_export_killed_anywhere_loads_whole_or_is_absent(target, tmp_path):
         lambda scene: export_head(str(source), "eagle3-sglang", scene / "out"),
         lambda scene: export_head(str(source), "eagle3-vllm", scene / "out"),
         check,
-        {"sglang", "vllm"},
+        {"sglang", "vllm", "absent"},
     )
     assert {"sglang", "finished:vllm"} <= seen
 
 
-@pytest.mark.slow
 def test_a_datastore_killed_anywhere_loads_whole_or_is_absent(tmp_path):
+    # built here, not in the forked writer: the suffix sort may run an OpenMP pool, not usable after a fork
+    indexes = {n: TokenIndex.from_documents([list(range(3, 3 + n)), list(range(5, 40))]) for n in (20, 50)}
+
     def save(folder: Path, n: int) -> None:
-        index = TokenIndex.from_documents([list(range(3, 3 + n)), list(range(5, 40))])
-        save_datastore(folder, index, DatastoreRecipe(), {"format": 1, "tokenizer": None})
+        save_datastore(folder, indexes[n], DatastoreRecipe(), {"format": 1, "tokenizer": None})
 
     def check(scene: Path) -> str:
         return str(load_datastore(scene / "ds").num_tokens) if (scene / "ds").exists() else "absent"
 
     seen = kill_everywhere(
-        tmp_path, lambda s: save(s / "ds", 20), lambda s: save(s / "ds", 50), check, {"57", "87"}
+        tmp_path, lambda s: save(s / "ds", 20), lambda s: save(s / "ds", 50), check, {"57", "87", "absent"}
     )
     assert {"57", "finished:87"} <= seen
 
 
 @pytest.mark.slow
 def test_a_feature_store_killed_anywhere_holds_whole_conversations(target, tmp_path):
-    items = [(f"c{i}", prompt_ids(6 + i, seed=i)[0].tolist(), [0] * 3 + [1] * (3 + i)) for i in range(5)]
+    items = [(f"c{i}", prompt_ids(6 + i, seed=i)[0].tolist(), [0] * 3 + [1] * (3 + i)) for i in range(4)]
 
     def capture(folder: Path, part: list) -> None:
         capture_sequences(target, part, folder, topk=4, shard_tokens=8, progress=False)
@@ -340,9 +341,10 @@ def test_a_feature_store_killed_anywhere_holds_whole_conversations(target, tmp_p
         lambda scene: capture(scene / "features", items[:2]),
         lambda scene: capture(scene / "features", items),
         check,
-        {"2", "3", "4", "5"},
+        {"2", "3", "4"},
+        stride=2,
     )
-    assert {"2", "finished:5"} <= seen
+    assert {"2", "finished:4"} <= seen
 
 
 def test_staged_folder_leaves_the_earlier_folder_when_the_block_fails(tmp_path):

@@ -65,9 +65,8 @@ def write_checksums(folder: str | os.PathLike) -> Path:
         if config.is_file():
             data = json.loads(config.read_text())
             if isinstance(data, dict) and data.get(MARK) != LIST_VERSION:
-                write_json_atomic(
-                    config, {**data, MARK: LIST_VERSION}
-                )  # a new file: a hard link is left as it was
+                # written as a new file: a hard link carried from an earlier folder is left as it was
+                write_json_atomic(config, {**data, MARK: LIST_VERSION}, indent=2)
             break
     sums = {}
     for name in shipped_files(folder):
@@ -273,14 +272,14 @@ def verify_json_checksum(
     return body
 
 
-def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
+def write_json_atomic(path: str | os.PathLike, data: Any, indent: int = 1) -> Path:
     """Write `data` as JSON to `path` through a temporary file in the same folder: `path` is whole or absent."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(data, indent=1) + "\n")
+            f.write(json.dumps(data, indent=indent) + "\n")
         os.chmod(tmp, 0o644)  # mkstemp creates 0600
         os.replace(tmp, path)
     finally:
