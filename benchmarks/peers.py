@@ -72,8 +72,11 @@ class Worker:
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log.open("w"), text=True, env=env
         )
-        ready = self._read()
-        self.info = ready["info"]
+        self.info: dict = {}
+
+    def wait_ready(self) -> None:
+        """Block until the process has loaded its engines (all processes load at once: startup is slow)."""
+        self.info = self._read()["info"]
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()
@@ -104,6 +107,13 @@ class Worker:
                 self.proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+
+
+def drop(workers: dict[str, Worker], engine: str) -> None:
+    """Stop running `engine`; its process ends unless it serves another engine still running."""
+    worker = workers.pop(engine)
+    if all(w is not worker for w in workers.values()):
+        worker.close()
 
 
 def target_folder(target: str) -> Path:
@@ -212,9 +222,18 @@ def run(args: argparse.Namespace) -> dict:
         for engine in llama_engines:
             workers[engine] = Worker(args.llama_python, "llama", [engine], logs / f"{engine}.log",
                                      target=str(gguf), **common)  # fmt: skip
+        for engine, worker in list(workers.items()):
+            try:
+                if not worker.info:
+                    worker.wait_ready()
+                worker.call(engine, encoded[0], 8)  # warm-up, not timed
+            except RuntimeError as err:
+                if engine == REFERENCE or (worker is hf and worker.proc.poll() is not None):
+                    raise
+                print(err, file=sys.stderr, flush=True)
+                left_out[engine] = f"failed to start: {str(err).splitlines()[0]}"
+                drop(workers, engine)
         engines = list(workers)
-        for engine in engines:  # warm-up, not timed
-            workers[engine].call(engine, encoded[0], 8)
         runs = []
         for i, (p, ids) in enumerate(zip(prompts, encoded, strict=True)):
             rest = engines[1:]
@@ -222,8 +241,18 @@ def run(args: argparse.Namespace) -> dict:
             order = [REFERENCE, *rest[k:], *rest[:k]]
             new = args.max_new_tokens
             for engine in order:
+                if engine not in workers:  # failed on an earlier prompt
+                    continue
                 load = os.getloadavg()[0]
-                answer = workers[engine].call(engine, ids, new, stop_at_eos=engine == REFERENCE)
+                try:
+                    answer = workers[engine].call(engine, ids, new, stop_at_eos=engine == REFERENCE)
+                except RuntimeError as err:  # one engine failing does not lose the others' rows
+                    if engine == REFERENCE or (workers[engine] is hf and hf.proc.poll() is not None):
+                        raise
+                    print(err, file=sys.stderr, flush=True)
+                    left_out[engine] = f"failed on {p.question_id}: {str(err).splitlines()[0]}"
+                    drop(workers, engine)
+                    continue
                 if engine == REFERENCE:
                     new = len(answer["tokens"])
                 n = len(answer["tokens"])
@@ -252,6 +281,8 @@ def run(args: argparse.Namespace) -> dict:
                     }
                 runs.append(row)
                 print(f"{p.question_id} {engine}: {n} tokens, {row['tokens_per_s']:.1f} tok/s", flush=True)
+        engines = [e for e in engines if e in workers]
+        runs = [r for r in runs if r["method"] in engines]
         infos = {e: workers[e].info for e in engines}
     finally:
         for w in {id(w): w for w in workers.values()}.values():

@@ -12,6 +12,9 @@
 #       with SIGILL at run time (a CPU that reports AMX it cannot run), rebuild with LLAMA_CMAKE_ARGS set to
 #       "-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF
 #       -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" (AVX-512 machines) or "-DGGML_NATIVE=OFF -DGGML_AVX2=ON" (AVX2).
+# sglang: not set up. Its CPU backend needs sgl-kernel built from source; the PyPI wheel (0.5.23) installed with
+#       --no-deps does not import its model config without triton and more, so docs/engines.md checks the
+#       eagle3-sglang layout against SGLang's source instead.
 set -euo pipefail
 ROOT=${1:-$(cd "$(dirname "$0")/../.." && pwd)/peers}
 VLLM_VERSION=${VLLM_VERSION:-0.32.0}

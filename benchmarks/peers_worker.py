@@ -72,7 +72,7 @@ def vllm_engines(args: argparse.Namespace) -> tuple[dict, dict]:
     """vLLM's offline `LLM` on the target folder, plain or with its n-gram or EAGLE-3 speculation."""
     # KV cache in GiB (the default takes far more than one prompt needs); the threads on cores 0..threads-1; the
     # engine core in this process (no second process polling while another engine runs)
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{args.threads - 1}")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import vllm
@@ -102,9 +102,10 @@ def vllm_engines(args: argparse.Namespace) -> tuple[dict, dict]:
         """vLLM's cumulative speculative-decoding counters: drafts, draft tokens, accepted, accepted per position."""
         got: dict = {}
         for m in llm.get_metrics():
-            if m.name.startswith("vllm:spec_decode"):
+            value = getattr(m, "values", None) or getattr(m, "value", None)  # Vector, Counter (not Histogram)
+            if m.name.startswith("vllm:spec_decode") and value is not None:
                 key = m.name.removeprefix("vllm:spec_decode_")
-                got[key] = list(m.values) if hasattr(m, "values") else m.value
+                got[key] = list(value) if isinstance(value, list) else value
         return got
 
     def call(ids: list[int], new: int, stop_at_eos: bool) -> dict:

@@ -33,6 +33,7 @@ def prompt_file(tmp_path):
     return path
 
 
+@pytest.mark.slow  # two processes load torch and the model: minutes on a loaded 2-core machine
 def test_peers_runs_transformers_and_hf_spec_in_a_worker(prompt_file, tmp_path):
     """Every method decodes every prompt in the worker process, interleaved after `ar`; lossless methods equal
     `ar`'s tokens; the engines whose Python is not given are reported as left out."""
