@@ -28,6 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the checkout's hf_spec and scripts/, also when not installed in editable mode
 
+from hf_spec.bench.machine import machine_class  # noqa: E402
 from hf_spec.bench.plots import run_target, short_label, write_plots  # noqa: E402
 from hf_spec.bench.prompts import spec_bench_group  # noqa: E402
 
@@ -98,16 +99,6 @@ BLOCK = re.compile(r"(<!-- canonical:(?P<key>[^>]*?) -->\n)(?P<body>.*?)(<!-- /c
 
 
 # ---------------------------------------------------------------------------------------------------- run
-
-
-def machine_class(machine: dict) -> str:
-    """`amd-epyc-2c-bfloat16`: the CPU (or device) name, core count and dtype, as a folder name."""
-    name = (
-        machine.get("cpu", "cpu") if machine.get("device", "cpu") == "cpu" else machine.get("device", "gpu")
-    )
-    slug = re.sub(r"\(r\)|\(tm\)|processor|cpu|\d+-core", "", name.lower())
-    slug = re.sub(r"[^a-z0-9]+", "-", slug).strip("-") or "machine"
-    return f"{slug}-{machine.get('cores', 0)}c-{machine.get('dtype', 'float32')}"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -500,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else None
     if out is None:
         sys.path.insert(0, str(REPO / "benchmarks"))
-        from canonical import machine_class
+        from hf_spec.bench.machine import machine_class
 
         out = (
             REPO

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import re
 
 import torch
 
@@ -34,3 +35,13 @@ def machine_info() -> dict:
         "one_row_kernel": one_row_kernel_decision(),  # None: never measured (no one-row draft forward ran)
         "bf16_kernel_rows": bf16_kernel_decision(),  # None: never measured (no bfloat16 linear ran on hf-spec's path)
     }
+
+
+def machine_class(machine: dict) -> str:
+    """`amd-epyc-2c-bfloat16`: the CPU (or device) name, core count and dtype, as a folder name."""
+    name = (
+        machine.get("cpu", "cpu") if machine.get("device", "cpu") == "cpu" else machine.get("device", "gpu")
+    )
+    slug = re.sub(r"\(r\)|\(tm\)|processor|cpu|\d+-core", "", name.lower())
+    slug = re.sub(r"[^a-z0-9]+", "-", slug).strip("-") or "machine"
+    return f"{slug}-{machine.get('cores', 0)}c-{machine.get('dtype', 'float32')}"
