@@ -455,7 +455,7 @@ def peers_check_block(peer_runs: list[tuple[str, str, dict]]) -> str:
 def update_cards(runs: list[tuple[str, dict]], check: bool) -> list[Path]:
     """Regenerate every committed head and exit-heads card with the primary class's results for its target."""
     sys.path.insert(0, str(REPO / "scripts"))
-    from update_head_card import update_card
+    from update_head_card import update_card, write_card
 
     changed = []
     with _cwd(REPO):  # configs name heads relative to the repository
@@ -468,7 +468,7 @@ def update_cards(runs: list[tuple[str, dict]], check: bool) -> list[Path]:
             if card.read_text() != before:
                 changed.append(card)
                 if check:
-                    card.write_text(before)
+                    write_card(folder, before)
     return changed
 
 

@@ -111,8 +111,24 @@ def update_card(folder: str | Path, results_files: list[str], allow_collapsed: b
         card = head_card(kind, method, target, report, report.get("command", ""), rows, allow_collapsed)
     else:  # exit heads
         card = exit_heads_card(config, _exit_heads_command(folder, config), rows)
-    (folder / "README.md").write_text(card)
+    write_card(folder, card)
     return len(rows)
+
+
+def write_card(folder: Path, card: str) -> None:
+    """Write `folder`'s README.md; a folder with a checksum list gets its list renewed, after checking that its
+    other files are still the ones listed (so a damaged file is never blessed by a card update)."""
+    from hf_spec.io.integrity import CHECKSUM_FILE, verify_checksums, write_checksums
+
+    readme = folder / "README.md"
+    if readme.is_file() and readme.read_text() == card:
+        return
+    listed = (folder / CHECKSUM_FILE).is_file()
+    if listed:
+        verify_checksums(folder, f"the head folder {folder}")
+    readme.write_text(card)
+    if listed:
+        write_checksums(folder)
 
 
 def main() -> None:
