@@ -93,7 +93,7 @@ def _exit_heads_command(folder: Path, config: dict) -> str:
 
 def update_card(folder: str | Path, results_files: list[str], allow_collapsed: bool = False) -> int:
     """Rewrite `folder`'s README.md; returns the number of measured rows (a head's: those of its own method). A
-    collapsed head (`hf_spec.heads.card.collapse_reason`) is refused, unless `allow_collapsed` (then its card says
+    collapsed head (`hf_spec.heads.collapse.collapse_reason`) is refused, unless `allow_collapsed` (then its card says
     it is not for publishing, as the trainer's did)."""
     folder = Path(folder)
     config = json.loads((folder / "config.json").read_text())

@@ -196,7 +196,7 @@ def warn_if_collapsed(report: dict, kind: str) -> None:
     """Say on stderr when the trained head collapsed on its held-out data (its card says so too)."""
     import sys
 
-    from hf_spec.heads.card import collapse_reason
+    from hf_spec.heads.collapse import collapse_reason
 
     reason = collapse_reason(report)
     if reason:
