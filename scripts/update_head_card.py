@@ -118,16 +118,22 @@ def update_card(folder: str | Path, results_files: list[str], allow_collapsed: b
 def write_card(folder: Path, card: str) -> None:
     """Write `folder`'s README.md; a folder with a checksum list gets its list renewed, after checking that its
     other files are still the ones listed (so a damaged file is never blessed by a card update)."""
-    from hf_spec.io.integrity import CHECKSUM_FILE, verify_checksums, write_checksums
+    import json
+
+    from hf_spec.io.integrity import CHECKSUM_FILE, IntegrityError, file_sha256, write_checksums
 
     readme = folder / "README.md"
     if readme.is_file() and readme.read_text() == card:
         return
-    listed = (folder / CHECKSUM_FILE).is_file()
-    if listed:
-        verify_checksums(folder, f"the head folder {folder}")
+    listed = folder / CHECKSUM_FILE
+    if listed.is_file():  # every listed file but the card being replaced must still be the one listed
+        for name, digest in json.loads(listed.read_text()).get("files", {}).items():
+            if name != "README.md" and file_sha256(folder / name) != digest:
+                raise IntegrityError(
+                    f"{folder / name} does not match {listed}: not renewing the list of a damaged head"
+                )
     readme.write_text(card)
-    if listed:
+    if listed.is_file():
         write_checksums(folder)
 
 
