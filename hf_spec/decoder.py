@@ -83,6 +83,12 @@ class SpeculativeDecoder:
             (default): batched where the drafter allows, and there round by round a tree or a plain step,
             whichever commits more tokens per second as measured (`hf_spec.engine.draft_switch`), else rows;
             `"plain"`: transformers' own decoding, no speculation, inside the target's kernel backend (`last_stats` None).
+        compile: verify with `torch.compile`d target forwards over a static KV cache, at a few fixed widths
+            (`hf_spec.engine.target.compiled`): True always (hf-spec keeps a static cache on the model when
+            `generate` passes none), False never, None (default) as transformers decides for `generate`: with
+            `cache_implementation="static"` on an accelerator, or anywhere with a `compile_config` whose
+            `_compile_all_devices` is set. Rounds a drafter verifies its own way (HiSpec, Talon), batches verified
+            in one forward, and trees wider than 63 nodes run eagerly.
 
     Threads: one decoder may serve concurrent `generate` calls on one model (a server keeping one decoder per
     model). Every call decodes with a drafter of its own: the first one built for the model (`drafter_for`) when it
@@ -97,6 +103,7 @@ class SpeculativeDecoder:
         tokenizer=None,
         seed: int | None = None,
         batches: Literal["auto", "batched", "rows", "plain"] = "auto",
+        compile: bool | None = None,
     ):
         if batches not in ("auto", "batched", "rows", "plain"):
             raise ValueError(f"batches must be 'auto', 'batched', 'rows' or 'plain', got {batches!r}")
@@ -106,6 +113,7 @@ class SpeculativeDecoder:
                 f"got {type(method).__name__}: {method!r:.60}"
             )
         self.batches = batches
+        self.compile = compile
         self._drafter = method if isinstance(method, Drafter) else None
         # a given drafter's pool (it holds its model: the user's choice); built ones are kept by their model
         self._given = _DrafterPool(self._drafter, [self._drafter]) if self._drafter is not None else None
@@ -225,6 +233,7 @@ class SpeculativeDecoder:
                 streamer=streamer,
                 generator=generator,
                 stats=stats,
+                compile=self.compile,
                 **model_kwargs,
             )
         self.last_stats = stats
@@ -277,7 +286,9 @@ class SpeculativeDecoder:
                     "plain batched decoding can be faster (SpeculativeDecoder(..., batches='plain'))"
                 )
             with self.lend(model) as (drafter,):  # the rows one after another, with one drafter
-                decode = functools.partial(speculative_generate, drafter=drafter, generator=generator)
+                decode = functools.partial(
+                    speculative_generate, drafter=drafter, generator=generator, compile=self.compile
+                )
                 out, row_stats = generate_rows(
                     model, input_ids, logits_processor, stopping_criteria, generation_config, decode, streamer,
                     **model_kwargs,

@@ -16,6 +16,7 @@ class SpecStats:
     draft_tokens: int = 0  # proposed nodes, summed over rounds
     accepted_tokens: int = 0  # accepted draft nodes
     plain_rounds: int = 0  # batch rounds that took a plain step: drafting did not pay (`DraftSwitch`)
+    compiled_rounds: int = 0  # rounds verified by the compiled forward (`hf_spec.engine.target.compiled`)
     time_draft: float = 0.0
     time_verify: float = 0.0
     time_other: float = 0.0
@@ -51,6 +52,7 @@ class SpecStats:
             "accepted_tokens": self.accepted_tokens,
             "draft_utilization": self.draft_utilization,
             "plain_rounds": self.plain_rounds,
+            "compiled_rounds": self.compiled_rounds,
             "time_prefill": self.time_prefill,
             "time_draft": self.time_draft,
             "time_verify": self.time_verify,

@@ -13,6 +13,7 @@ cache and the forward's inputs: that is the `Layout` (`hf_spec.engine.sequence`,
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -32,6 +33,7 @@ from hf_spec.engine.commit import (
 from hf_spec.engine.outputs import SpecStats
 from hf_spec.engine.target.hidden import select_hidden_states
 from hf_spec.engine.target.profile import TargetProfile
+from hf_spec.engine.target.static import is_static, static_capacity
 from hf_spec.tree import DraftTree
 
 
@@ -68,9 +70,13 @@ class Row:
 
 
 def propose_within_room(drafter: Drafter, state: SpecState) -> DraftTree:
-    """`drafter`'s tree for `state`, no deeper than the tokens it may still commit less the bonus."""
+    """`drafter`'s tree for `state`, no deeper than the tokens it may still commit less the bonus (and in a static
+    cache, no larger than its free slots)."""
     room = max(state.generation_config.max_length - state.seq_len - 1, 0)
-    return drafter.propose(state, max_depth=room).truncate_depth(room)
+    tree = drafter.propose(state, max_depth=room).truncate_depth(room)
+    if is_static(state.cache):  # [root] + tree goes in the slots after the committed tokens but the root
+        tree = tree.truncate_nodes(static_capacity(state.cache) - state.seq_len)
+    return tree
 
 
 class Layout(Protocol):
@@ -112,7 +118,7 @@ class RoundEngine:
         t0 = time.perf_counter()
         trees = [self.propose(row) if draft else self.skip(row) for row in rows]
         t1 = time.perf_counter()
-        with self.profile.backend.verification(self.model, screen=self.screen):
+        with self.verification_context(rows, trees):
             out = self.layout.verify(rows, trees, self.want_hidden)
         logits = out.logits.float()  # [rows, width, vocab]
         t2 = time.perf_counter()
@@ -133,6 +139,14 @@ class RoundEngine:
             row.stats.time_verify += (t2 - t1) / len(rows)
             row.stats.time_other += (t3 - t2) / len(rows)
         return sum(len(c.new_tokens) for c in done)
+
+    def verification_context(self, rows: list[Row], trees: list[DraftTree]):
+        """The backend's kernels around an eager verification; nothing around a compiled one (its graph is plain
+        torch, traced without the backend's patches)."""
+        compiled_width = getattr(self.layout, "compiled_width", None)
+        if compiled_width is not None and compiled_width(rows, trees) is not None:
+            return contextlib.nullcontext()
+        return self.profile.backend.verification(self.model, screen=self.screen)
 
     @staticmethod
     def propose(row: Row) -> DraftTree:

@@ -10,6 +10,7 @@ config, logits processors and stopping criteria exactly as for plain decoding.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -23,10 +24,17 @@ from hf_spec.engine.outputs import SpecDecodeOutput, SpecStats
 from hf_spec.engine.round import RoundEngine, Row
 from hf_spec.engine.target.cache import cache_length, check_rewindable, crop_cache
 from hf_spec.engine.target.check import check_tree_verification
+from hf_spec.engine.target.compiled import (
+    CompiledVerifier,
+    compile_settings,
+    compiled_verifier,
+    owned_static_cache,
+)
 from hf_spec.engine.target.forward import verification_inputs
 from hf_spec.engine.target.hidden import select_hidden_states
 from hf_spec.engine.target.int8_rows import prompt_forward
 from hf_spec.engine.target.profile import TargetProfile, target_profile
+from hf_spec.engine.target.static import is_static, rewindable_static_cache
 from hf_spec.engine.target.windows import rewindable_cache
 from hf_spec.tree import DraftTree
 
@@ -34,16 +42,30 @@ from hf_spec.tree import DraftTree
 class SequenceLayout:
     """One row whose cache slot `i` holds position `i`: the verification block goes after the committed tokens and
     is compacted in place; the drafter's `verify_forward` runs the forward (HiSpec and Talon continue one they
-    began while drafting)."""
+    began while drafting), or with `compiled`, the compiled forward where the drafter verifies with the stock one
+    and the block fits a compiled width."""
 
-    def __init__(self, model: PreTrainedModel, profile: TargetProfile, cache) -> None:
-        self.model, self.profile, self.cache = model, profile, cache
+    def __init__(
+        self, model: PreTrainedModel, profile: TargetProfile, cache, compiled: CompiledVerifier | None = None
+    ) -> None:
+        self.model, self.profile, self.cache, self.compiled = model, profile, cache, compiled
         self.past = 0
+
+    def compiled_width(self, rows: list[Row], trees: list[DraftTree]) -> int | None:
+        """The compiled width this round verifies at, or None (eager)."""
+        (row,), (tree,) = rows, trees
+        if self.compiled is None or type(row.drafter).verify_forward is not Drafter.verify_forward:
+            return None
+        return self.compiled.width_for(tree, row.state.seq_len - 1)
 
     def verify(self, rows: list[Row], trees: list[DraftTree], output_hidden_states: bool):
         (row,), (tree,) = rows, trees
         self.past = row.state.seq_len - 1
         root = row.state.input_ids[:, -1:]
+        width = self.compiled_width(rows, trees)
+        if width is not None:
+            row.stats.compiled_rounds += 1
+            return self.compiled(root, tree, self.past, width, output_hidden_states)
         ids, positions, mask = verification_inputs(self.model, root, tree, self.past, self.profile.backend)
         return row.drafter.verify_forward(row.state, tree, ids, positions, mask, output_hidden_states)
 
@@ -106,9 +128,7 @@ def _rewindable_passed_cache(model: PreTrainedModel, model_kwargs: dict):
             f"transformers {transformers_version} may hand it over under a new name that this hf-spec "
             "does not know"
         )
-    cache = rewindable_cache(model, cache)
-    check_rewindable(cache)  # before any forward, not at the first round's rewind
-    return cache
+    return rewindable_cache(model, cache)
 
 
 def _prefill(
@@ -162,6 +182,7 @@ def speculative_generate(
     streamer=None,
     generator: torch.Generator | None = None,
     stats: SpecStats | None = None,
+    compile: bool | None = None,
     **model_kwargs,
 ) -> torch.Tensor | SpecDecodeOutput:
     """Speculative decoding of one sequence.
@@ -172,6 +193,8 @@ def speculative_generate(
         drafter: proposes the trees.
         streamer: receives the committed tokens in order, once each (the prompt is put by `generate`).
         stats: filled with this generation's counters (a fresh `SpecStats` is used when omitted).
+        compile: verify with the compiled forward over a static cache (`hf_spec.engine.target.compiled`); None:
+            as transformers decides for `generate` (a static cache on an accelerator, or `compile_config`).
 
     Returns:
         `torch.LongTensor` of shape `(1, total_length)`, or `SpecDecodeOutput` with
@@ -179,6 +202,36 @@ def speculative_generate(
     """
     cache = _rewindable_passed_cache(model, model_kwargs)
     check_supported(model, input_ids, generation_config, model_kwargs)
+    settings = compile_settings(model, cache, generation_config, compile)
+    if settings is not None and not is_static(cache):
+        cache = owned_static_cache(model, cache, generation_config.max_length)
+    static = (
+        rewindable_static_cache(cache, generation_config.max_length)
+        if is_static(cache)
+        else contextlib.nullcontext(cache)
+    )
+    with static:
+        check_rewindable(cache)  # before any forward, not at the first round's rewind
+        compiled = compiled_verifier(model, cache, settings) if settings is not None else None
+        return _generate(
+            model, cache, input_ids, logits_processor, stopping_criteria, generation_config, drafter, streamer,
+            generator, stats, compiled,
+        )  # fmt: skip
+
+
+def _generate(
+    model: PreTrainedModel,
+    cache,
+    input_ids: torch.Tensor,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config,
+    drafter: Drafter,
+    streamer,
+    generator: torch.Generator | None,
+    stats: SpecStats | None,
+    compiled: CompiledVerifier | None,
+) -> torch.Tensor | SpecDecodeOutput:
     profile = target_profile(model)
     want_hidden = drafter.requires_hidden_states
     do_sample = bool(generation_config.do_sample)
@@ -196,9 +249,16 @@ def speculative_generate(
     row.stats.time_prefill = time.perf_counter() - t0
 
     engine = RoundEngine(
-        model, profile, SequenceLayout(model, profile, cache), do_sample, screen, want_hidden, generator
+        model,
+        profile,
+        SequenceLayout(model, profile, cache, compiled),
+        do_sample,
+        screen,
+        want_hidden,
+        generator,
     )
-    with profile.backend.drafting(model):
+    # a compiled verification traces the target's own modules: the backend's patches stay off it
+    with contextlib.nullcontext() if compiled is not None else profile.backend.drafting(model):
         drafter.begin(state)
         try:
             while not row.finished:

@@ -188,6 +188,14 @@ class DraftTree:
         probs = self.draft_probs[kept] if self.draft_probs is not None else None
         return DraftTree(self.tokens[kept], new_parents, probs)
 
+    def truncate_nodes(self, max_nodes: int) -> DraftTree:
+        """The first `max_nodes` nodes (parents come first, so they form a tree)."""
+        if len(self) <= max_nodes:
+            return self
+        keep = torch.zeros(len(self), dtype=torch.bool)
+        keep[: max(max_nodes, 0)] = True
+        return self.select(keep)
+
     def truncate_depth(self, max_depth: int) -> DraftTree:
         """Drop nodes deeper than `max_depth`."""
         if len(self) == 0 or int(self.depth.max()) <= max_depth:

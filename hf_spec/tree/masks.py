@@ -179,3 +179,38 @@ def prefill_mask(valid: torch.Tensor, dtype: torch.dtype = torch.float32) -> tor
     allowed = torch.tril(torch.ones(n, n, dtype=torch.bool))[None] & valid[:, None, :]
     allowed |= torch.eye(n, dtype=torch.bool)[None]
     return additive_mask(allowed, dtype)
+
+
+def padded_tree_mask(
+    tree: DraftTree,
+    past_length: int,
+    width: int,
+    kv_len: int,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """`tree_attention_mask` of `[root] + tree` padded to `width` query rows and `kv_len` key slots (a static
+    cache's length), for a forward of fixed shape: filler rows after the tree see only their own slot, and no query
+    sees a slot from `past_length + width` on.
+
+    Returns:
+        `torch.FloatTensor` of shape `(1, 1, width, kv_len)`.
+
+    Example (tokens `[a, b]`, parents `[-1, 0]`, past 2, width 4, kv_len 8; `x` a slot seen)::
+
+        r: x x r . . . . .
+        a: x x r a . . . .
+        b: x x r a b . . .
+        -: . . . . . - . .
+    """
+    n = len(tree) + 1
+    if n > width or past_length + width > kv_len:
+        raise ValueError(
+            f"{n} tree rows after {past_length} slots do not fit width {width} and {kv_len} slots"
+        )
+    allowed = torch.zeros(width, kv_len, dtype=torch.bool)
+    allowed[:n, :past_length] = True
+    allowed[:n, past_length : past_length + n] = torch.from_numpy(tree.ancestor_matrix())
+    fillers = torch.arange(n, width)
+    allowed[fillers, past_length + fillers] = True
+    return additive_mask(allowed, dtype).to(device)

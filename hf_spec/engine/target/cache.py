@@ -1,22 +1,31 @@
-"""Keeping a transformers KV cache in step with the committed tokens: crop and compact after a verification."""
+"""Keeping a transformers KV cache in step with the committed tokens: crop and compact after a verification.
+
+Dynamic layers (`DynamicLayer`) are cropped by slicing and compacted by rebuilding the block; static layers, while
+hf-spec decodes (`hf_spec.engine.target.static.RewindableStaticLayer`), keep their buffers: a crop sets their
+length and a compaction copies the kept slots in place.
+"""
 
 from __future__ import annotations
 
 import torch
 from transformers import Cache
 
+from hf_spec.engine.target.static import RewindableStaticLayer
+
+REWINDABLE = ("DynamicLayer", "RewindableStaticLayer")
+
 
 def cache_layers(cache: Cache):
-    """The cache's layers, each a full-attention `DynamicLayer` hf-spec can crop and reorder (else `TypeError`)."""
+    """The cache's layers, each one hf-spec can crop and reorder (else `TypeError`)."""
     layers = getattr(cache, "layers", None)
     if layers is None:
         raise TypeError(f"hf-spec needs a transformers `Cache` with `.layers`; got {type(cache).__name__}")
     for layer in layers:
-        if type(layer).__name__ != "DynamicLayer":
+        if type(layer).__name__ not in REWINDABLE:
             raise TypeError(
-                f"hf-spec can only rewind full-attention dynamic cache layers; got {type(layer).__name__} "
-                "(drop `cache_implementation` and pass no cache or an empty DynamicCache: hf-spec builds one with "
-                "full layers for sliding-window models; static, offloaded and quantized caches are not supported)"
+                f"hf-spec can only rewind full-attention dynamic or static cache layers; got {type(layer).__name__} "
+                "(pass no cache, an empty DynamicCache or a StaticCache: hf-spec gives sliding-window models "
+                "full layers; offloaded and quantized caches are not supported)"
             )
     return layers
 
@@ -35,7 +44,9 @@ def crop_cache(cache: Cache, length: int, layers: range | None = None) -> None:
     all_layers = cache_layers(cache)
     for i in layers if layers is not None else range(len(all_layers)):
         layer = all_layers[i]
-        if layer.keys is not None and layer.keys.numel() and layer.keys.shape[-2] > length:
+        if isinstance(layer, RewindableStaticLayer):
+            layer.crop_to(length)
+        elif layer.keys is not None and layer.keys.numel() and layer.keys.shape[-2] > length:
             layer.keys = layer.keys[..., :length, :]
             layer.values = layer.values[..., :length, :]
 
@@ -54,6 +65,9 @@ def compact_cache(cache: Cache, past_length: int, keep: list[int], layers: range
     all_layers = cache_layers(cache)
     for i in layers if layers is not None else range(len(all_layers)):
         layer = all_layers[i]
+        if isinstance(layer, RewindableStaticLayer):
+            layer.keep_block(past_length, index)
+            continue
         if layer.keys is None or not layer.keys.numel():
             continue
         idx = index.to(layer.keys.device)

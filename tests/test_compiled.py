@@ -1,0 +1,143 @@
+"""Compiled verification (`SpeculativeDecoder(..., compile=True)`): the same tokens as eager decoding, each width
+compiled once and nothing compiled again as trees and the sequence change.
+
+Most tests compile with dynamo's `aot_eager` backend (the same graphs and guards, no code generation: fast on two
+cores); one slow test runs inductor."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+from transformers import CompileConfig
+
+from hf_spec import SpeculativeDecoder
+from hf_spec.engine.target.compiled import WIDTHS, bucket
+from tests.conftest import make_tiny_model, prompt_ids
+from tests.test_methods import METHOD_SPECS, decoder_for
+
+FAST = CompileConfig(backend="aot_eager", fullgraph=True)
+
+
+def compiled(spec: str, model) -> SpeculativeDecoder:
+    decoder = decoder_for(spec, model)
+    decoder.compile = True
+    return decoder
+
+
+def unique_graphs() -> int:
+    return counters["stats"]["unique_graphs"]
+
+
+def test_bucket_widths():
+    assert [bucket(n) for n in (1, 2, 3, 5, 9, 33, 64, 65)] == [1, 2, 4, 8, 16, 64, 64, None]
+    assert WIDTHS[-1] == 64
+
+
+@pytest.mark.parametrize("spec", METHOD_SPECS)
+def test_every_method_compiled_equals_generate(tiny_llama, spec):
+    ids = prompt_ids(14, seed=1)
+    ref = tiny_llama.generate(ids, max_new_tokens=40, do_sample=False)
+    dec = compiled(spec, tiny_llama)
+    out = tiny_llama.generate(
+        ids, max_new_tokens=40, do_sample=False, compile_config=FAST, custom_generate=dec
+    )
+    assert torch.equal(out, ref)
+    stats = dec.last_stats
+    assert stats.new_tokens == 40
+    if spec.split(":")[0] not in ("hispec", "talon"):  # those verify by continuing their own forward: eager
+        assert stats.compiled_rounds == stats.target_forwards > 0
+
+
+def test_no_recompiles_over_a_long_generation_with_varying_trees():
+    """128 tokens with trees of every size: after the widths the generation met were compiled (a first
+    generation), a second generation over other trees compiles nothing."""
+    model = make_tiny_model("llama", seed=3)
+    ids = prompt_ids(10, seed=3)
+    warm = ["pld"] + [f"oracle:{width - 1}" for width in WIDTHS[1:]]  # pld: plain steps (width 1) too
+    for spec in warm:  # warm-up: every width (chains of `width - 1` right tokens)
+        dec = SpeculativeDecoder(spec, compile=True)
+        model.generate(ids, max_new_tokens=128, do_sample=False, compile_config=FAST, custom_generate=dec)
+    assert {w for w, _ in model.__dict__["_hf_spec_compiled_verifier"].widths_compiled} == set(WIDTHS)
+    before = unique_graphs()
+    ids = prompt_ids(12, seed=5)
+    ref = model.generate(ids, max_new_tokens=128, do_sample=False)
+    for spec in ("oracle:40", "pld", "oracle:3"):  # trees of 1..40 nodes
+        dec = SpeculativeDecoder(spec, compile=True)
+        out = model.generate(
+            ids, max_new_tokens=128, do_sample=False, compile_config=FAST, custom_generate=dec
+        )
+        assert torch.equal(out, ref)
+        assert dec.last_stats.compiled_rounds == dec.last_stats.target_forwards
+    assert unique_graphs() == before
+
+
+def test_static_cache_implementation_compiles_with_a_compile_config_for_all_devices(tiny_llama):
+    """transformers' rule: a static cache compiles on CPU when the compile config asks for every device."""
+    ids = prompt_ids(14, seed=2)
+    ref = tiny_llama.generate(ids, max_new_tokens=24, do_sample=False)
+    config = CompileConfig(backend="aot_eager", fullgraph=True)
+    config._compile_all_devices = True
+    dec = SpeculativeDecoder("pld")
+    out = tiny_llama.generate(
+        ids, max_new_tokens=24, do_sample=False, cache_implementation="static", compile_config=config,
+        custom_generate=dec,
+    )  # fmt: skip
+    assert torch.equal(out, ref)
+    assert dec.last_stats.compiled_rounds > 0
+    eager = SpeculativeDecoder("pld")  # no compile config on CPU: eager over the static cache
+    out = tiny_llama.generate(
+        ids, max_new_tokens=24, do_sample=False, cache_implementation="static", custom_generate=eager
+    )
+    assert torch.equal(out, ref) and eager.last_stats.compiled_rounds == 0
+    off = SpeculativeDecoder("pld", compile=False)
+    tiny_llama.generate(
+        ids, max_new_tokens=24, do_sample=False, cache_implementation="static", compile_config=config,
+        custom_generate=off,
+    )  # fmt: skip
+    assert off.last_stats.compiled_rounds == 0
+
+
+def test_sampling_compiled_keeps_the_distribution():
+    from tests.stats import sampled_marginals_pvalues
+    from tests.test_sampling import TEMP, TOP_P, SampledTreeDrafter, V
+
+    target = make_tiny_model("llama", seed=11, vocab_size=V, layers=2, temperature=2.0)
+    draft = make_tiny_model("llama", seed=12, vocab_size=V, layers=1, temperature=2.0)
+    options = {"temperature": TEMP, "top_p": TOP_P, "compile_config": FAST}
+    decoders = []
+
+    def factory():
+        decoders.append(SpeculativeDecoder(SampledTreeDrafter(target, draft, 2), compile=True))
+        return decoders[-1]
+
+    pvalues, accepted = sampled_marginals_pvalues(target, factory, n=1500, seed=8, sampling=(options, None))
+    assert accepted > 1500 * 0.3
+    assert decoders[0].last_stats.compiled_rounds > 0
+    assert min(pvalues) > 1e-3, pvalues
+
+
+def test_a_filled_dynamic_cache_with_compile_is_refused(tiny_llama):
+    from transformers import DynamicCache
+
+    from tests.conftest import CACHE
+
+    ids = prompt_ids(14, seed=1)
+    cache = DynamicCache(config=tiny_llama.config)
+    with torch.no_grad():
+        tiny_llama(ids[:, :6], **{CACHE: cache})
+    with pytest.raises(ValueError, match="compile=True verifies over a static cache"):
+        tiny_llama.generate(
+            ids, **{CACHE: cache}, max_new_tokens=4, custom_generate=SpeculativeDecoder("pld", compile=True)
+        )
+
+
+@pytest.mark.slow
+def test_inductor_compiled_equals_eager(tiny_llama):
+    ids = prompt_ids(14, seed=4)
+    ref = tiny_llama.generate(ids, max_new_tokens=40, do_sample=False)
+    for spec in ("pld", "eagle"):
+        dec = compiled(spec, tiny_llama)
+        out = tiny_llama.generate(ids, max_new_tokens=40, do_sample=False, custom_generate=dec)
+        assert torch.equal(out, ref)
+        assert dec.last_stats.compiled_rounds > 0
