@@ -184,3 +184,37 @@ def test_sweep_hispec_writes_the_grid_the_best_pair_and_the_size_sweeps(tmp_path
     assert sweep["best"] in sweep["summary"] and (tmp_path / "out" / "heatmap.png").exists()
     assert all(s["mismatches"] == 0 for name, s in sweep["summary"].items() if not name.startswith("ar"))
     assert len([k for k in sweep["summary"] if not k.startswith("ar")]) >= 4  # 2 pairs + N_d 1, 2 + N_i 2
+
+
+def test_bench_compiled_rows_beside_eager_ones(prompt_file, tmp_path, monkeypatch):
+    """`+compiled` names: transformers' compiled static-cache generate and hf-spec's compiled rounds in the same
+    interleaved run, lossless, and recorded as compiled (aot_eager here: the same graphs, no code generation)."""
+    from transformers import CompileConfig
+
+    from hf_spec.bench import runner
+
+    def fast_config():
+        config = CompileConfig(backend="aot_eager", fullgraph=True)
+        config._compile_all_devices = True
+        return config
+
+    monkeypatch.setattr(runner, "compiled_generate_config", fast_config)
+    out = tmp_path / "out"
+    args = [
+        "bench",
+        "--target",
+        str(STORIES),
+        "--methods",
+        "ar,ar+compiled,pld,pld+compiled,oracle:4+compiled",
+    ]
+    args += ["--prompts", str(prompt_file), "--max-new-tokens", "24", "--check-lossless", "--threads", "1"]
+    assert main([*args, "--dtype", "float32", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["compiled"] == ["ar+compiled", "oracle:4+compiled", "pld+compiled"]
+    rows = {name: row for name, row in results["summary"].items()}
+    for name in ("ar+compiled", "pld+compiled", "oracle:4+compiled"):
+        assert rows[name]["lossless_mismatches"] == 0, name
+    compiled_runs = [r for r in results["runs"] if r["method"] == "pld+compiled"]
+    assert all(r["stats"]["compiled_rounds"] == r["stats"]["target_forwards"] for r in compiled_runs)
+    with pytest.raises(ValueError, match="cannot run compiled"):
+        runner.Method("hf-pld+compiled", None, None, 8)

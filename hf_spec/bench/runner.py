@@ -7,8 +7,8 @@ tau     = tokens committed per target forward (`ar` = 1.00).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -35,10 +35,20 @@ class ForwardCounter:
 
     def __init__(self, model) -> None:
         self.count = 0
-        self._handle = model.model.layers[-1].register_forward_pre_hook(self._hook)
+        self._layer = model.model.layers[-1]
+        self._handle = self._layer.register_forward_pre_hook(self._hook)
 
     def _hook(self, *_) -> None:
         self.count += 1
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No counting inside the block: a compiled forward would trace the hook (and recompile at every count)."""
+        self._handle.remove()
+        try:
+            yield
+        finally:
+            self._handle = self._layer.register_forward_pre_hook(self._hook)
 
     def close(self) -> None:
         self._handle.remove()
@@ -61,25 +71,52 @@ def hf_early_exit_layer(name: str) -> int:
     return int(k or 6)
 
 
-class Method:
-    """One benchmarked method: `generate(input_ids, reference)` -> (sequence, stats)."""
+COMPILED = "+compiled"  # a method name's suffix: that method compiled (`ar+compiled`, `pld+compiled`, ...)
 
-    def __init__(self, name: str, model, tokenizer, max_new_tokens: int) -> None:
+
+def compiled_generate_config():
+    """transformers' `CompileConfig` for a compiled `generate` on any device (transformers compiles by itself only
+    on accelerators), with `fullgraph` as hf-spec's compiled rounds use it."""
+    from transformers import CompileConfig
+
+    config = CompileConfig(fullgraph=True)
+    config._compile_all_devices = True
+    return config
+
+
+class Method:
+    """One benchmarked method: `generate(input_ids, reference)` -> (sequence, stats).
+
+    Compiled (`compile=True`, or a name ending in `+compiled`): `ar` is transformers' own compiled static-cache
+    `generate`, an hf-spec method runs `SpeculativeDecoder(..., compile=True)`.
+    """
+
+    def __init__(self, name: str, model, tokenizer, max_new_tokens: int, compile: bool = False) -> None:
         self.name = name
         self.model = model
         self.kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False)
         self.decoder: SpeculativeDecoder | None = None
+        base = name.removesuffix(COMPILED)
+        self.compiled = compile or base != name
         # ar-kernels: plain decoding on hf-spec's CPU kernels (linears, attention), to measure their share alone
-        self.kernels = name == "ar-kernels"
-        if name in ("ar", "ar-kernels"):
-            pass
-        elif name == "hf-pld":
+        self.kernels = base == "ar-kernels"
+        if self.compiled and (self.kernels or base.startswith("hf-")):
+            raise ValueError(
+                f"{base} cannot run compiled: ar-kernels patches the model's modules, and transformers' assisted "
+                "decoding (hf-pld, hf-early-exit) uses a dynamic cache"
+            )
+        if base in ("ar", "ar-kernels"):
+            if self.compiled:
+                self.kwargs.update(cache_implementation="static", compile_config=compiled_generate_config())
+        elif base == "hf-pld":
             self.kwargs["prompt_lookup_num_tokens"] = 10
-        elif name.startswith("hf-early-exit"):
-            self.kwargs["assistant_early_exit"] = hf_early_exit_layer(name)
+        elif base.startswith("hf-early-exit"):
+            self.kwargs["assistant_early_exit"] = hf_early_exit_layer(base)
         else:
-            self.decoder = SpeculativeDecoder(name, tokenizer=tokenizer)
+            self.decoder = SpeculativeDecoder(base, tokenizer=tokenizer, compile=self.compiled or None)
             self.kwargs["custom_generate"] = self.decoder
+            if self.compiled:
+                self.kwargs["compile_config"] = compiled_generate_config()
         self.needs_reference = self.decoder is not None and self.decoder.config.method == "oracle"
 
     def generate(self, input_ids: torch.Tensor, reference: torch.Tensor | None, counter: ForwardCounter):
@@ -90,7 +127,10 @@ class Method:
         synchronize(self.model.device)
         start = time.perf_counter()
         plain_on_kernels = target_profile(self.model).backend.plain_decoding if self.kernels else None
-        with plain_on_kernels(self.model) if plain_on_kernels else nullcontext():
+        with (
+            plain_on_kernels(self.model) if plain_on_kernels else nullcontext(),
+            counter.paused() if self.compiled else nullcontext(),
+        ):
             out = self.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), **self.kwargs)
         synchronize(self.model.device)
         elapsed = time.perf_counter() - start
@@ -102,6 +142,8 @@ class Method:
             counts = getattr(self.decoder.drafter_for(self.model), "counts", None)  # e.g. HiSpec's rejections
             if counts:
                 row["drafter_counts"] = dict(counts)
+        elif self.compiled:  # compiled ar (not counted): one forward per token
+            row["tau"] = 1.0
         else:  # ar: one forward per token; transformers' assisted loops: one per round
             row["tau"] = new / max(counter.count, 1)
         return out, row
@@ -117,12 +159,21 @@ def run_bench(
     check_lossless: bool = False,
     progress: Callable | None = None,
     recorder: RoundRecorder | None = None,
+    compile: bool = False,
 ) -> dict:
     """Run every method on every prompt, interleaved, after one warm-up call each; `recorder` records the rounds
-    of every hf-spec method (not the warm-up calls)."""
+    of every hf-spec method (not the warm-up calls); `compile`: every method compiled (`Method`)."""
     if len(set(method_names)) != len(method_names):
         raise ValueError("a method is listed twice")
-    methods = [Method(n, model, tokenizer, max_new_tokens) for n in method_names]
+    methods = [Method(n, model, tokenizer, max_new_tokens, compile) for n in method_names]
+    if any(
+        m.compiled for m in methods
+    ):  # one static cache size for every prompt: no recompiling between them
+        turns_run = max(len(p.turns) for p in prompts) if turns == "all" else 1
+        longest = max(len(tokenizer(" ".join(p.turns)).input_ids) for p in prompts)
+        for m in methods:
+            if m.compiled:
+                m.kwargs["max_cache_len"] = longest + 16 * turns_run + max_new_tokens * turns_run
     counter = ForwardCounter(model)
     runs: list[dict] = []
     try:
@@ -162,7 +213,13 @@ def run_bench(
     finally:
         counter.close()
     machine = {**machine_info(), "dtype": dtype_name(model.dtype), "device": model.device.type}
-    return {"summary": summarize(runs, method_names, check_lossless), "runs": runs, "machine": machine}
+    compiled = sorted(m.name for m in methods if m.compiled)
+    return {
+        "summary": summarize(runs, method_names, check_lossless),
+        "runs": runs,
+        "machine": machine,
+        "compiled": compiled,  # methods that ran compiled (`ar`: transformers' compiled static-cache generate)
+    }
 
 
 __all__ = [  # the harness, and the names of its parts that callers import from here

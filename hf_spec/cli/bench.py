@@ -51,6 +51,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="also write every round's tree shape, accepted path and draft work per method to FILE (JSON), for "
         "benchmarks/gpu_check.py to replay at GPU costs",
     )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="run every method compiled: ar as transformers' compiled static-cache generate, hf-spec methods with "
+        "SpeculativeDecoder(compile=True); or name single methods with a +compiled suffix (ar,ar+compiled,pld,"
+        "pld+compiled) for eager and compiled side by side",
+    )
     p.add_argument("--out", required=True, help="output folder for results.json/.md and speedup.png")
     p.set_defaults(func=run)
     return p
@@ -100,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
         check_lossless=args.check_lossless,
         progress=lambda total: tqdm(total=total, desc="bench", unit="run"),
         recorder=recorder,
+        compile=args.compile,
     )
     if recorder is not None:
         recorder.write(args.record_rounds)

@@ -66,6 +66,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="timed runs of each (speculative, plain, speculative, ...: interleaved, so a load on the machine hits "
         "both alike); the speedup printed is their median, with its spread",
     )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="verify with compiled forwards over a static cache (SpeculativeDecoder(compile=True)); plain generate "
+        "then runs compiled over a static cache too. The first call compiles (minutes on a CPU)",
+    )
     p.add_argument("--threads", type=positive_int, default=None)
     add_dtype_argument(p)
     add_device_argument(p)
@@ -92,8 +98,18 @@ def run(args: argparse.Namespace) -> int:
     kwargs.update(
         do_sample=True, temperature=args.temperature, top_p=args.top_p
     ) if args.sample else kwargs.update(do_sample=False)
-    decoder = SpeculativeDecoder(args.method, tokenizer=tokenizer)
-    model.generate(input_ids, max_new_tokens=4, do_sample=False, custom_generate=decoder)  # warm-up
+    decoder = SpeculativeDecoder(args.method, tokenizer=tokenizer, compile=args.compile or None)
+    if args.compile:  # plain generate compiled as transformers does it, on any device
+        from hf_spec.bench.runner import compiled_generate_config
+
+        kwargs.update(cache_implementation="static", compile_config=compiled_generate_config())
+    # warm-up; compiled: at the timed length, so the static cache the timed runs use is the one compiled over
+    warm = (
+        kwargs
+        if args.compile
+        else dict(max_new_tokens=4, do_sample=False, attention_mask=kwargs["attention_mask"])
+    )
+    model.generate(input_ids, custom_generate=decoder, **warm)
     print(f"--- {args.target} ({model.dtype}), method {args.method}, {threads} threads ---")
     load_before = _load_average()
     # the streamed run is the first timed speculative run
@@ -113,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.no_compare:
         return 0
-    model.generate(input_ids, max_new_tokens=4, do_sample=False)  # warm-up, as the speculative run had
+    model.generate(input_ids, **warm)  # warm-up, as the speculative run had
     ar_tps, ref = [], None
     for i in range(args.repeats):  # plain, speculative, plain, ...: each plain run after a speculative one
         if i:

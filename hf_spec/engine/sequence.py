@@ -203,13 +203,12 @@ def speculative_generate(
     cache = _rewindable_passed_cache(model, model_kwargs)
     check_supported(model, input_ids, generation_config, model_kwargs)
     settings = compile_settings(model, cache, generation_config, compile)
+    # a static cache hf-spec sizes holds `max_length` tokens, or `max_cache_len` where that is larger (transformers'
+    # ceiling across calls, so later calls reuse the cache and what was compiled over it)
+    longest = max(generation_config.max_length, getattr(generation_config, "max_cache_len", None) or 0)
     if settings is not None and not is_static(cache):
-        cache = owned_static_cache(model, cache, generation_config.max_length)
-    static = (
-        rewindable_static_cache(cache, generation_config.max_length)
-        if is_static(cache)
-        else contextlib.nullcontext(cache)
-    )
+        cache = owned_static_cache(model, cache, longest)
+    static = rewindable_static_cache(cache, longest) if is_static(cache) else contextlib.nullcontext(cache)
     with static:
         check_rewindable(cache)  # before any forward, not at the first round's rewind
         compiled = compiled_verifier(model, cache, settings) if settings is not None else None
@@ -247,6 +246,10 @@ def _generate(
     if stats is not None:
         row.stats = stats
     row.stats.time_prefill = time.perf_counter() - t0
+    if compiled is not None and type(drafter).verify_forward is Drafter.verify_forward:
+        compiled.warm_up(
+            input_ids[:, -1:], input_ids.shape[1] - 1, want_hidden
+        )  # no compiling mid-generation
 
     engine = RoundEngine(
         model,

@@ -157,6 +157,17 @@ class CompiledVerifier:
         hidden = tuple(h[:, :n] for h in hidden) if hidden is not None else None
         return SimpleNamespace(logits=logits[:, :n], hidden_states=hidden)
 
+    def warm_up(self, root: torch.Tensor, past: int, output_hidden_states: bool) -> None:
+        """Compile every width not compiled yet (that fits after `past` slots) before the first round, so none
+        compiles during a generation; the cache is left holding its `past` slots."""
+        for width in WIDTHS:
+            if (width, output_hidden_states) in self.widths_compiled or past + width > self.capacity:
+                continue
+            tree = DraftTree.chain([int(root[0, 0])] * (width - 1))
+            self(root, tree, past, width, output_hidden_states)
+        for layer in self.cache.layers:
+            layer.crop_to(past)
+
 
 def compiled_verifier(model: PreTrainedModel, cache, settings: CompileSettings) -> CompiledVerifier:
     """The model's `CompiledVerifier` for `cache` (built on first use, kept on the model for later calls with the
