@@ -15,7 +15,8 @@ from tests.test_methods import METHOD_SPECS, decoder_for
 
 
 @pytest.mark.parametrize("spec", METHOD_SPECS)
-def test_every_method_with_a_static_cache_equals_generate(tiny_model, spec):
+def test_every_method_with_a_static_cache_equals_generate(tiny_llama, spec):
+    tiny_model = tiny_llama
     ids = prompt_ids(14, seed=1)
     ref = tiny_model.generate(ids, max_new_tokens=40, do_sample=False)
     dec = decoder_for(spec, tiny_model)

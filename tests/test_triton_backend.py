@@ -73,6 +73,18 @@ def test_greedy_with_the_triton_backend_equals_generate(triton_backend, kernel_c
         assert kernel_calls["token_info_topk"] > 0
 
 
+def test_static_cache_with_the_triton_backend_compacts_in_place(triton_backend, kernel_calls, tiny_llama):
+    """The compaction kernel moves the accepted path inside a static cache's buffers (no reallocation)."""
+    ids = prompt_ids(14, seed=2)
+    ref = tiny_llama.generate(ids, max_new_tokens=16, do_sample=False)
+    out = tiny_llama.generate(
+        ids, max_new_tokens=16, do_sample=False, cache_implementation="static",
+        custom_generate=decoder_for("eagle", tiny_llama),
+    )  # fmt: skip
+    assert torch.equal(out, ref)
+    assert kernel_calls["compact_cache"] > 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", METHOD_SPECS)
 @pytest.mark.parametrize("seed", [1, 2])
