@@ -269,6 +269,11 @@ class SpeculativeDecoder:
                 "it shares the target's cache or forward; use batches='rows'"
             )
         if batched:
+            if self.compile:
+                logger.warning_once(
+                    "hf-spec verifies a batch in one eager forward over its own cache: compile=True applies to "
+                    "single sequences and to batches='rows'"
+                )
             with self.lend(model, input_ids.shape[0]) as drafters:
                 out, row_stats = batched_generate(
                     model, input_ids, logits_processor, stopping_criteria, generation_config, drafters, generator,
