@@ -116,8 +116,10 @@ class GroupQuantWeight:
         packed = (low[..., :16] | (low[..., 16:] << 4)).to(torch.uint8).view(n, k // 2)
         high = None
         if layout is CodeLayout.U5:
-            bits = (c >> 4) << torch.arange(RUN, dtype=torch.int64)
-            high = bits.to(torch.int64).sum(-1).to(torch.uint32).view(torch.int32)  # bit i: bit 4 of code i
+            word = ((c >> 4).to(torch.int64) << torch.arange(RUN, dtype=torch.int64)).sum(
+                -1
+            )  # bit i: code i's bit 4
+            high = torch.where(word >= 1 << 31, word - (1 << 32), word).to(torch.int32)  # the uint32's bits
         return cls(packed, scale, min, high, layout, group_size, k)
 
     def unpacked_codes(self, rows: torch.Tensor | slice = slice(None)) -> torch.Tensor:
