@@ -27,6 +27,7 @@ from hf_spec.kernels.cpu_skinny_gemm import ISA_AUTO, ISA_AVX2
 
 MAX_ROWS = 64  # rows of x the kernel takes; more run the torch twin
 RUN = 32  # codes per packed run (U4 / U5)
+DEQUANTIZE_ROWS = 4096  # rows of a weight de-quantized at a time
 
 
 class CodeLayout(enum.IntEnum):
@@ -135,8 +136,15 @@ class GroupQuantWeight:
             c = c | ((h & 1).to(torch.int32) << 4)
         return c.reshape(n, k)
 
-    def dequantize(self, rows: torch.Tensor | slice = slice(None)) -> torch.Tensor:
-        """The weight's `rows`, float32 `(rows, in_features)`: `scale * code (+ min)`, bit for bit the kernel's."""
+    def dequantize(self, rows: torch.Tensor | slice | None = None) -> torch.Tensor:
+        """The weight's `rows` (all: None), float32 `(rows, in_features)`: `scale * code (+ min)`, bit for bit the
+        kernel's. The whole weight is made `DEQUANTIZE_ROWS` rows at a time (a bounded transient)."""
+        if rows is None:
+            out = torch.empty(self.out_features, self.in_features, dtype=torch.float32)
+            for start in range(0, self.out_features, DEQUANTIZE_ROWS):
+                part = slice(start, min(start + DEQUANTIZE_ROWS, self.out_features))
+                out[part] = self.dequantize(part)
+            return out
         codes = self.unpacked_codes(rows).to(torch.float32)
         n, groups = codes.shape[0], self.in_features // self.group_size
         w = codes.view(n, groups, self.group_size) * self.scale[rows][..., None]
@@ -216,8 +224,17 @@ def kernel_group_linear(
 def reference_group_linear(
     x: torch.Tensor, weight: GroupQuantWeight, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """The torch twin: `F.linear(x.float(), weight.dequantize(), bias)`, float32 `(..., out_features)`."""
-    return F.linear(x.float(), weight.dequantize(), None if bias is None else bias.float())
+    """The torch twin: `F.linear(x.float(), weight.dequantize(), bias)`, float32 `(..., out_features)`, over
+    `DEQUANTIZE_ROWS` output features at a time (a large LM head is never de-quantized whole)."""
+    x, bias = x.float(), None if bias is None else bias.float()
+    n = weight.out_features
+    if n <= DEQUANTIZE_ROWS:
+        return F.linear(x, weight.dequantize(), bias)
+    parts = []
+    for start in range(0, n, DEQUANTIZE_ROWS):
+        part = slice(start, min(start + DEQUANTIZE_ROWS, n))
+        parts.append(F.linear(x, weight.dequantize(part), None if bias is None else bias[part]))
+    return torch.cat(parts, dim=-1)
 
 
 def group_linear(x: torch.Tensor, weight: GroupQuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
