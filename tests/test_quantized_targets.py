@@ -10,8 +10,10 @@ import json
 import numpy as np
 import pytest
 import torch
-from gguf import GGML_QUANT_SIZES, GGUFWriter, quants
-from gguf import GGMLQuantizationType as Q
+
+pytest.importorskip("gguf")
+from gguf import GGML_QUANT_SIZES, GGUFWriter, quants  # noqa: E402
+from gguf import GGMLQuantizationType as Q  # noqa: E402
 from transformers import AutoModelForCausalLM, LlamaConfig
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from hf_spec.core import envs
 from hf_spec.models.downloads import (
+    MARKER,
     OfflineError,
     note_pypi_download,
     offline,
@@ -40,7 +41,6 @@ from hf_spec.models.downloads import (
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-MARKER = "hf_spec_fetch.json"
 _CHUNK = 1 << 20
 
 

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from hf_spec.kernels.group_quant import CodeLayout, GroupQuantWeight
+from hf_spec.models.downloads import MARKER
 from hf_spec.models.quant_modules import QuantizedEmbedding, QuantizedLinear
 
 SCHEMES = ("int8", "int4", "gguf")
@@ -84,8 +85,6 @@ def quantize_made_here(model: nn.Module, scheme: str) -> int:
 def gguf_of_folder(folder: str | Path) -> Path:
     """The GGUF a target folder was converted from by `hf-spec fetch` (its `hf_spec_fetch.json` names it; the file
     lies in the cache's `gguf/`); ValueError where the folder did not come from a GGUF or the file is gone."""
-    from hf_spec.models.fetch import MARKER
-
     folder = Path(folder)
     try:
         info = json.loads((folder / MARKER).read_text())
@@ -114,7 +113,12 @@ def quantize_gguf(model: nn.Module, gguf_path: str | Path) -> int:
     """Replace `model`'s linears and embedding whose GGUF tensors are quantized by modules holding those blocks
     (in place); `model` must be the GGUF's de-quantized conversion (a sample of rows of each weight is compared,
     bit for bit in the model's dtype). Returns how many modules were replaced."""
-    from gguf import GGMLQuantizationType, GGUFReader
+    try:
+        from gguf import GGMLQuantizationType, GGUFReader
+    except ImportError:
+        raise ImportError(
+            "quantize='gguf' reads the GGUF with the gguf package: pip install 'hf-spec[gguf]'"
+        ) from None
     from transformers.modeling_gguf_pytorch_utils import (
         TENSOR_PROCESSORS,
         LlamaTensorProcessor,
