@@ -2,7 +2,8 @@
 
 Every block format here de-quantizes as `w = scale_g * q + min_g` over groups of 16 or 32 inputs with small integer
 codes q; the scales and mins are computed in float32 exactly as gguf's reference de-quantization
-(`gguf.quants.dequantize`) computes them, so the packed weight's `dequantize()` equals the reference bit for bit:
+(`gguf.quants.dequantize`) computes them, so the packed weight's `dequantize()` equals the reference bit for bit
+(but for the sign of a zero weight: Q4_0 / Q5_0's `d * q + (-8 d)` gives +0 where `d * (q - 8)` may give -0):
 
 | format | codes           | group | scale          | min            |
 |--------|-----------------|-------|----------------|----------------|

@@ -146,7 +146,8 @@ def quantize_gguf(model: nn.Module, gguf_path: str | Path) -> int:
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
     tied = head is not None and embed is not None and head.weight is embed.weight
     modules = dict(model.named_modules())
-    dtype, done, float_types = _dtype(model), 0, (GGMLQuantizationType.F32, GGMLQuantizationType.F16)
+    dtype, replacements = _dtype(model), []
+    float_types = (GGMLQuantizationType.F32, GGMLQuantizationType.F16)
     for tensor in reader.tensors:
         hf_name = hf_names.get(tensor.name)
         if hf_name is None or not hf_name.endswith(".weight") or tensor.tensor_type in float_types:
@@ -166,16 +167,16 @@ def quantize_gguf(model: nn.Module, gguf_path: str | Path) -> int:
                 "not converted from this GGUF"
             )
         scheme = f"gguf {GGMLQuantizationType(tensor.tensor_type).name}"
-        name = hf_name.removesuffix(".weight")
+        replacements.append((hf_name.removesuffix(".weight"), module, packed, scheme))
+    # replaced once every tensor has been checked: a refused GGUF leaves the model as it was
+    for name, module, packed, scheme in replacements:
         if isinstance(module, nn.Embedding):
             _replace(model, name, QuantizedEmbedding(packed, scheme, dtype, module.padding_idx))
             if tied:
                 _replace(model, _module_name(model, head), QuantizedLinear(packed, head.bias, scheme, dtype))
-                done += 1
         else:
             _replace(model, name, QuantizedLinear(packed, module.bias, scheme, dtype))
-        done += 1
-    return done
+    return len(replacements) + int(tied and any(isinstance(r[1], nn.Embedding) for r in replacements))
 
 
 def _module_name(model: nn.Module, module: nn.Module) -> str:
