@@ -17,6 +17,7 @@ from gguf import GGMLQuantizationType as Q  # noqa: E402
 from transformers import AutoModelForCausalLM, LlamaConfig
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
+from hf_spec import SpeculativeDecoder
 from hf_spec.kernels import cpu_skinny_gemm
 from hf_spec.kernels import group_quant as gq
 from hf_spec.kernels.group_quant import CodeLayout, GroupQuantWeight
@@ -155,7 +156,7 @@ def test_custom_op_traces_without_graph_breaks():
 
 def test_group_quant_weight_checks_its_tensors():
     with pytest.raises(ValueError, match="group size"):
-        GroupQuantWeight.from_codes(torch.zeros(2, 48), torch.ones(2, 1), None, CodeLayout.U4, 48)
+        GroupQuantWeight.from_codes(torch.zeros(2, 64), torch.ones(2, 1), None, CodeLayout.U4, 48)
     with pytest.raises(ValueError, match="0..15"):
         GroupQuantWeight.from_codes(torch.full((2, 32), 16), torch.ones(2, 1), None, CodeLayout.U4, 32)
 
@@ -289,3 +290,22 @@ def test_quantized_modules_stay_on_the_cpu_and_keep_float32_scales():
     assert head.packed.scale.dtype == torch.float32 and head.weight.dtype == torch.bfloat16
     with pytest.raises(ValueError, match="CPU only"):
         head.to("meta")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"])
+def test_known_gguf_target_decodes_as_its_own_generate(name):
+    """The real GGUFs (fetched once with `hf-spec fetch NAME`): every quantized tensor kept, output equal."""
+    from hf_spec.models import FetchError, load_model, resolve_model
+
+    try:
+        resolve_model(name, fetch=False)
+    except FetchError:
+        pytest.skip(f"{name} is not fetched")
+    model, tokenizer = load_model(name, dtype=torch.bfloat16, quantize="gguf")
+    report = quantization_report(model)
+    assert report.startswith("yes:") and "unquantized" not in report, report
+    ids = tokenizer("def fibonacci(n):\n    ", return_tensors="pt").input_ids
+    ref = model.generate(ids, max_new_tokens=32, do_sample=False)
+    out = model.generate(ids, max_new_tokens=32, do_sample=False, custom_generate=SpeculativeDecoder("pld"))
+    assert out[0].tolist() == ref[0].tolist()
