@@ -293,19 +293,30 @@ def test_quantized_modules_stay_on_the_cpu_and_keep_float32_scales():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("name", ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"])
-def test_known_gguf_target_decodes_as_its_own_generate(name):
-    """The real GGUFs (fetched once with `hf-spec fetch NAME`): every quantized tensor kept, output equal."""
+def test_known_gguf_target_decodes_as_its_own_generate(name, dtype):
+    """The real GGUFs (fetched once with `hf-spec fetch NAME`): every quantized tensor kept; in float32 the output
+    equals the target's own `generate`, in bfloat16 (activations rounded between layers, attention in bfloat16) a
+    departure must be a near-tie, measured as for unquantized bfloat16 targets."""
+    from hf_spec.bench.lossless import compare_greedy
     from hf_spec.models import FetchError, load_model, resolve_model
 
     try:
         resolve_model(name, fetch=False)
     except FetchError:
         pytest.skip(f"{name} is not fetched")
-    model, tokenizer = load_model(name, dtype=torch.bfloat16, quantize="gguf")
+    model, tokenizer = load_model(name, dtype=dtype, quantize="gguf")
     report = quantization_report(model)
     assert report.startswith("yes:") and "unquantized" not in report, report
-    ids = tokenizer("def fibonacci(n):\n    ", return_tensors="pt").input_ids
-    ref = model.generate(ids, max_new_tokens=32, do_sample=False)
-    out = model.generate(ids, max_new_tokens=32, do_sample=False, custom_generate=SpeculativeDecoder("pld"))
-    assert out[0].tolist() == ref[0].tolist()
+    for prompt in ("def fibonacci(n):\n    ", "The capital of France is"):
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        ref = model.generate(ids, max_new_tokens=32, do_sample=False)[0, ids.shape[1] :].tolist()
+        out = model.generate(
+            ids, max_new_tokens=32, do_sample=False, custom_generate=SpeculativeDecoder("pld")
+        )
+        verdict = compare_greedy(model, ids, ref, out[0, ids.shape[1] :].tolist())
+        if dtype == torch.float32:
+            assert verdict["lossless"], verdict
+        else:
+            assert verdict["lossless"] or verdict["near_tie"], verdict
