@@ -31,7 +31,7 @@ from hf_spec.models.quantize import (
     quantize_int8,
     quantize_target,
 )
-from tests.conftest import make_tiny_model
+from tests.conftest import STORIES, make_tiny_model
 from tests.test_methods import decoder_for
 
 _MANUAL = (Q.Q4_K, Q.Q5_K, Q.Q6_K)  # gguf-py de-quantizes these but does not quantize: random valid blocks
@@ -183,6 +183,21 @@ def test_tiny_target_made_here_decodes_as_its_own_generate(scheme):
     assert quantization_report(model).startswith(f"yes: {4 * 7 + 1} linears")
     for spec in ("pld", "draft-model") if scheme == "int4" else ("pld",):
         _assert_decodes_as_generate(model, spec)
+
+
+def test_load_model_quantizes_and_check_reports_it():
+    from hf_spec.models import load_model
+    from hf_spec.models.support import support_report
+
+    model, _ = load_model(str(STORIES), quantize="int8")
+    report = support_report(model)["quantized linears"]
+    # stories260K's MLP is 172 wide: its down projections (in_features 172) stay nn.Linear
+    assert report.startswith("yes:") and "int8" in report and "nn.Linear unquantized" in report, report
+    _assert_decodes_as_generate(model, "pld")
+    with pytest.raises(ValueError, match="not converted from a GGUF"):
+        load_model(str(STORIES), quantize="gguf")
+    with pytest.raises(ValueError, match="without load_in"):
+        load_model(str(STORIES), quantize="int4", load_in_8bit=True)
 
 
 # the tiny GGUF's formats, by linear: every supported one, K formats included (they need 256-wide inputs)
