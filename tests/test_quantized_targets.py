@@ -185,6 +185,13 @@ def test_tiny_target_made_here_decodes_as_its_own_generate(scheme):
         _assert_decodes_as_generate(model, spec)
 
 
+def test_tiny_target_on_the_torch_twin_decodes_as_its_own_generate(monkeypatch):
+    """`HF_SPEC_NO_CPP_KERNELS=1`: every quantized linear runs `F.linear` on its de-quantized weight."""
+    monkeypatch.setenv("HF_SPEC_NO_CPP_KERNELS", "1")
+    model = quantize_target(make_tiny_model("qwen2"), "int4")
+    _assert_decodes_as_generate(model, "pld")
+
+
 def test_load_model_quantizes_and_check_reports_it():
     from hf_spec.models import load_model
     from hf_spec.models.support import support_report
