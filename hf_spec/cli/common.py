@@ -90,8 +90,9 @@ def examples(*lines: str) -> dict:
 
 
 def add_device_argument(parser) -> None:
-    """`--device`, and how the target is loaded: quantized (`--load-in-8bit`, `--load-in-4bit`) or placed by
-    accelerate (`--device-map`, `--max-memory`, `--offload-folder`), spelled as in `from_pretrained`."""
+    """`--device`, and how the target is loaded: quantized (`--load-in-8bit`, `--load-in-4bit`, hf-spec's own
+    `--quantize`) or placed by accelerate (`--device-map`, `--max-memory`, `--offload-folder`), spelled as in
+    `from_pretrained`."""
     parser.add_argument(
         "--device",
         default="auto",
@@ -103,6 +104,12 @@ def add_device_argument(parser) -> None:
         "--load-in-8bit", action="store_true", help="quantize the target with bitsandbytes LLM.int8"
     )
     bits.add_argument("--load-in-4bit", action="store_true", help="quantize the target with bitsandbytes NF4")
+    bits.add_argument(
+        "--quantize",
+        choices=("int8", "int4", "gguf"),
+        help="run the target's linears on hf-spec's quantized CPU kernels: gguf keeps the blocks of the GGUF a "
+        "known target was fetched from; int8 (per channel) and int4 (groups of 32) are made at load",
+    )
     group.add_argument(
         "--device-map",
         type=_device_map,
@@ -143,6 +150,7 @@ def loading_kwargs(args) -> dict:
     kwargs = {
         "load_in_8bit": getattr(args, "load_in_8bit", False),
         "load_in_4bit": getattr(args, "load_in_4bit", False),
+        "quantize": getattr(args, "quantize", None),
         "device_map": getattr(args, "device_map", None),
         "max_memory": getattr(args, "max_memory", None),
         "offload_folder": getattr(args, "offload_folder", None),
@@ -172,7 +180,7 @@ def resolve_device(name: str) -> torch.device:
 
 def load_target(args):
     """`(model, tokenizer)` of `--target` on `--device` (or placed by `--device-map`), in `--dtype` (float32 for
-    commands without one), quantized as `--load-in-8bit` / `--load-in-4bit` say."""
+    commands without one), quantized as `--load-in-8bit` / `--load-in-4bit` / `--quantize` say."""
     from hf_spec.models import load_model
 
     device = resolve_device(args.device)

@@ -118,6 +118,28 @@ PyObject* py_gemm_bf16(PyObject*, PyObject* args) {
                   });
 }
 
+// (x_ptr, codes_ptr, high_ptr_or_0, scale_ptr, min_ptr_or_0, bias_ptr_or_0, y_ptr, M, N, K, layout, group, isa):
+// `skinny_gemm_gq`, without the GIL
+PyObject* py_gemm_gq(PyObject*, PyObject* args) {
+  unsigned long long p[7];
+  long long M, N, K, group;
+  int layout, isa;
+  if (!PyArg_ParseTuple(args, "KKKKKKKLLLiLi", &p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &p[6], &M, &N, &K, &layout,
+                        &group, &isa))
+    return nullptr;
+  const GroupQuantWeight w{reinterpret_cast<const void*>(p[1]), reinterpret_cast<const uint32_t*>(p[2]),
+                           reinterpret_cast<const float*>(p[3]), reinterpret_cast<const float*>(p[4]), layout, group};
+  if (M < 1 || N < 1 || K < 1 || !p[0] || !p[6] || !group_quant_valid(w, K)) {
+    PyErr_SetString(PyExc_ValueError, "gemm_gq: bad shape, layout, group size or null pointer");
+    return nullptr;
+  }
+  if (isa < 0 || isa > best_isa()) isa = best_isa();
+  return without_gil("gemm_gq", [&] {
+    skinny_gemm_gq(reinterpret_cast<const float*>(p[0]), w, reinterpret_cast<const float*>(p[5]),
+                   reinterpret_cast<float*>(p[6]), M, N, K, isa);
+  });
+}
+
 PyObject* py_has_bf16(PyObject*, PyObject*) { return PyBool_FromLong(has_bf16()); }
 
 PyObject* py_best_isa(PyObject*, PyObject*) { return PyLong_FromLong(best_isa()); }
@@ -130,6 +152,9 @@ PyMethodDef kMethods[] = {
     {"gemm_u8s8", py_gemm_u8s8, METH_VARARGS, "gemm_u8s8(xu_ptr, xs_ptr, q_ptr, qsum_ptr, scale_ptr, y_ptr, M, N, K)"},
     {"gemm_w8a8", py_gemm_w8a8, METH_VARARGS, "gemm_w8a8(x_ptr, q_ptr, qsum_ptr, scale_ptr, y_ptr, M, N, K)"},
     {"gemm_bf16", py_gemm_bf16, METH_VARARGS, "gemm_bf16(x_ptr, w_ptr, bias_f32_ptr_or_0, y_ptr, M, N, K, isa)"},
+    {"gemm_gq", py_gemm_gq, METH_VARARGS,
+     "gemm_gq(x_ptr, codes_ptr, high_ptr_or_0, scale_ptr, min_ptr_or_0, bias_ptr_or_0, y_ptr, M, N, K, layout, group, "
+     "isa)"},
     {"select_within", py_select_within, METH_VARARGS,
      "select_within(a_ptr, floor_ptr, ew_ptr, eq_ptr, coef_ptr, qn_ptr, keep_ptr, M, N)"},
     {"best_isa", py_best_isa, METH_NOARGS, "0 scalar, 1 AVX2+FMA, 2 AVX-512"},

@@ -42,6 +42,20 @@ void skinny_gemm_w8a8(const float* x, const int8_t* q, const int32_t* qsum, cons
 // y = x @ w^T (+ bias) for bfloat16 x and w, fp32 sums and y (gemm_bf16.cpp)
 void skinny_gemm_bf16(const uint16_t* x, const uint16_t* w, const float* bias, float* y, int64_t M, int64_t N,
                       int64_t K, int isa);
+// group-quantized weights (gemm_group_quant.cpp): w[n, k] = scale[n, k / group] * code[n, k] (+ min[n, k / group])
+enum CodeLayout : int { kCodesI8 = 0, kCodesU4 = 1, kCodesU5 = 2 };
+struct GroupQuantWeight {
+  const void* codes;      // kCodesI8: int8 [N, K]; kCodesU4 / kCodesU5: uint8 [N, K / 2], 32-code runs
+  const uint32_t* high;   // kCodesU5: [N, K / 32], bit i = bit 4 of code i of the run; else unused
+  const float* scale;     // [N, K / group]
+  const float* min;       // [N, K / group], or null
+  int layout;             // a CodeLayout
+  int64_t group;          // inputs per scale: a multiple of 16 (kCodesI8) or 32 (packed), dividing K
+};
+bool group_quant_valid(const GroupQuantWeight& w, int64_t K);
+// y = x @ w^T (+ bias), fp32 x, y and sums, w de-quantized in registers (gemm_group_quant.cpp)
+void skinny_gemm_gq(const float* x, const GroupQuantWeight& w, const float* bias, float* y, int64_t M, int64_t N,
+                    int64_t K, int isa);
 // keep[j] = some row m of a (M, N) has a[m, j] + ew[m] coef[j] + eq[m] qn[j] >= floor[m] (select_within.cpp)
 void select_within(const float* a, const float* floor, const float* ew, const float* eq, const float* coef,
                    const float* qn, uint8_t* keep, int64_t M, int64_t N);

@@ -24,6 +24,7 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 # seconds after which a temporary entry of another host (or one without an owner) counts as left over
+MARKER = "hf_spec_fetch.json"  # a fetched model folder's completion marker, naming the GGUF it came from
 STALE_AFTER = 24 * 3600
 
 

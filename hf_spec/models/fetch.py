@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from hf_spec.core import envs
 from hf_spec.models.downloads import (
+    MARKER,
     OfflineError,
     note_pypi_download,
     offline,
@@ -40,7 +41,6 @@ from hf_spec.models.downloads import (
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-MARKER = "hf_spec_fetch.json"
 _CHUNK = 1 << 20
 
 
@@ -381,16 +381,26 @@ def load_model(
     max_memory: dict | None = None,
     offload_folder: str | None = None,
     quantization_config=None,
+    quantize: str | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load ``(model, tokenizer)`` for a known model name, local folder or Hub id; model in eval mode,
     tokenizer padding on the left. As transformers users spell it (docs/targets.md): `load_in_8bit` /
     `load_in_4bit` (NF4) quantize with bitsandbytes, `quantization_config` takes any transformers quantization
     config; `device_map` ("auto", ... or `{module: device}` with "cpu" / "disk" offloading) lets accelerate place
-    the layers instead of `device`, within `max_memory`, offloading to `offload_folder`."""
+    the layers instead of `device`, within `max_memory`, offloading to `offload_folder`. `quantize` ("int8", "int4",
+    "gguf"; CPU only) runs the linears on hf-spec's quantized kernels (`hf_spec.models.quantize`): "gguf" keeps the
+    blocks of the GGUF a known target was fetched from."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if load_in_8bit + load_in_4bit + (quantization_config is not None) > 1:
         raise ValueError("load_in_8bit, load_in_4bit and quantization_config exclude each other: give one")
+    if quantize is not None and (
+        load_in_8bit or load_in_4bit or quantization_config is not None or device_map
+    ):
+        raise ValueError(
+            "quantize is hf-spec's own quantization: give it without load_in_*bit, quantization_config "
+            "or device_map"
+        )
     if device_map is None and (max_memory is not None or offload_folder is not None):
         raise ValueError("max_memory and offload_folder place layers: they need a device_map (e.g. 'auto')")
     if load_in_8bit or load_in_4bit:
@@ -403,6 +413,13 @@ def load_model(
             bnb_4bit_compute_dtype=dtype,
         )
     path = resolve_model(name_or_path)
+    # checked before loading: a bad scheme or a folder without its GGUF fails at once
+    if quantize is not None:
+        from hf_spec.models.quantize import SCHEMES, gguf_of_folder, quantize_target
+
+        if quantize not in SCHEMES or torch.device(device).type != "cpu":
+            raise ValueError(f"quantize takes {', '.join(SCHEMES)} on the CPU, got {quantize!r} on {device}")
+        gguf_path = gguf_of_folder(path) if quantize == "gguf" else None
     kwargs: dict = {"dtype": dtype}
     if quantization_config is not None:
         kwargs["quantization_config"] = quantization_config
@@ -414,6 +431,8 @@ def load_model(
     if "device_map" not in kwargs:
         model = model.to(device)
     model.eval()
+    if quantize is not None:
+        quantize_target(model, quantize, gguf_path)
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:

@@ -9,6 +9,7 @@ from hf_spec.engine.target.check import check_tree_verification
 from hf_spec.engine.target.windows import attention_windows
 from hf_spec.kernels.screened_head import int8_x_applies, max_screened_rows, screening_applies
 from hf_spec.models.layers import check_layerwise_forward, decoder_parts
+from hf_spec.models.quantize import quantization_report
 
 
 def _attention(model: PreTrainedModel) -> str:
@@ -54,6 +55,7 @@ def support_report(model: PreTrainedModel) -> dict[str, str]:
         return report
     report["tree verification"] = "yes: a chain and a tree give the logits of a plain forward"
     report["greedy verification's LM head"] = _greedy_head(model)
+    report["quantized linears"] = quantization_report(model)
     report["pld, retrieval, draft-model, talon (retrieval part)"] = "yes"
     report["eagle, lyanna (draft heads)"] = (
         "yes, once a head is trained for this model (hf-spec train eagle|lyanna)"

@@ -1,0 +1,301 @@
+"""Group-quantized weights and their linear: `y = x @ W.T (+ bias)` with `W[n, k] = scale[n, g] * code[n, k]
+(+ min[n, g])`, `g = k // group_size`, de-quantized in registers by hf-spec's C++ kernel (`gemm_group_quant.cpp`).
+
+One layout serves every weight-only scheme hf-spec runs on a target: GGUF's block formats (Q8_0, Q4_0, Q4_1,
+Q5_0, Q5_1, Q4_K, Q5_K, Q6_K: `hf_spec.models.gguf_blocks` repacks them), and the int8 / int4 weights hf-spec makes
+at load. Codes are int8 (`CodeLayout.I8`), or unsigned 4-bit (`U4`) / 5-bit (`U5`: 4-bit plus a bit plane) packed
+two a byte. Where a weight has mins, `scale * code` is exact in float32 (the packers see to it), so the kernel's
+fused multiply-add and this module's `dequantize` give the same weight bits.
+
+The kernel takes 1..`MAX_ROWS` rows of float32 x (bfloat16 x is widened first, exactly), sums in float32 and gives
+each row the same bits whatever the number of rows beside it: a verification's rows equal one-row decoding's.
+More rows (a prefill), or no kernel (`HF_SPEC_NO_CPP_KERNELS=1`, no compiler, not x86), run the torch twin:
+`F.linear(x.float(), dequantize())`. `group_quant_linear` is registered as the custom op
+`hf_spec::group_quant_linear`, so `torch.compile` calls it without a graph break.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from hf_spec.kernels import cpu_skinny_gemm
+from hf_spec.kernels.cpu_skinny_gemm import ISA_AUTO, ISA_AVX2
+
+MAX_ROWS = 64  # rows of x the kernel takes; more run the torch twin
+RUN = 32  # codes per packed run (U4 / U5)
+DEQUANTIZE_ROWS = 4096  # rows of a weight de-quantized at a time
+
+
+class CodeLayout(enum.IntEnum):
+    """How codes are stored (the values are the C++ `CodeLayout`)."""
+
+    I8 = 0  # int8, one a weight
+    U4 = 1  # unsigned 4-bit, two a byte: in each run of 32 codes byte i holds code i (low) and code i + 16 (high)
+    U5 = 2  # U4 plus an int32 a run whose bit i is bit 4 of code i
+
+
+@dataclass
+class GroupQuantWeight:
+    """A group-quantized `(out_features, in_features)` weight, on CPU.
+
+    `codes`: int8 `(out_features, in_features)` (I8) or uint8 `(out_features, in_features // 2)` (U4, U5);
+    `scale`, `min`: float32 `(out_features, in_features // group_size)` (`min` None where the format has none);
+    `high`: int32 `(out_features, in_features // 32)` (U5 only)."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    min: torch.Tensor | None
+    high: torch.Tensor | None
+    layout: CodeLayout
+    group_size: int
+    in_features: int
+
+    def __post_init__(self) -> None:
+        self.layout = CodeLayout(self.layout)
+        n, k, g = self.scale.shape[0], self.in_features, self.group_size
+        step = 16 if self.layout is CodeLayout.I8 else RUN
+        if g < 1 or g % step or k % g:
+            raise ValueError(f"{self.layout.name} group size {g} must be a multiple of {step} dividing {k}")
+        width = k if self.layout is CodeLayout.I8 else k // 2
+        dtype = torch.int8 if self.layout is CodeLayout.I8 else torch.uint8
+        if self.codes.shape != (n, width) or self.codes.dtype != dtype:
+            raise ValueError(
+                f"codes must be {dtype} {(n, width)}, got {self.codes.dtype} {tuple(self.codes.shape)}"
+            )
+        for name, t in (("scale", self.scale), ("min", self.min)):
+            if t is not None and (t.shape != (n, k // g) or t.dtype != torch.float32):
+                raise ValueError(f"{name} must be float32 {(n, k // g)}, got {t.dtype} {tuple(t.shape)}")
+        if (self.high is not None) != (self.layout is CodeLayout.U5):
+            raise ValueError("high bits are given for U5 weights, and only for them")
+        if self.high is not None and (self.high.shape != (n, k // RUN) or self.high.dtype != torch.int32):
+            raise ValueError(
+                f"high must be int32 {(n, k // RUN)}, got {self.high.dtype} {tuple(self.high.shape)}"
+            )
+        for name in ("codes", "scale", "min", "high"):
+            t = getattr(self, name)
+            if t is not None:
+                setattr(self, name, t.contiguous())
+
+    @property
+    def out_features(self) -> int:
+        return int(self.scale.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the kernel reads for one product."""
+        return sum(
+            t.numel() * t.element_size()
+            for t in (self.codes, self.scale, self.min, self.high)
+            if t is not None
+        )
+
+    @classmethod
+    def from_codes(
+        cls,
+        codes: torch.Tensor,
+        scale: torch.Tensor,
+        min: torch.Tensor | None,
+        layout: CodeLayout,
+        group_size: int,
+    ) -> GroupQuantWeight:
+        """Pack integer `codes` `(out_features, in_features)` (I8: -128..127; U4: 0..15; U5: 0..31)."""
+        layout = CodeLayout(layout)
+        n, k = codes.shape
+        if layout is CodeLayout.I8:
+            return cls(codes.to(torch.int8), scale, min, None, layout, group_size, k)
+        if k % RUN:
+            raise ValueError(f"packed codes need in_features divisible by {RUN}, got {k}")
+        c = codes.to(torch.int32).view(n, k // RUN, RUN)
+        top = 15 if layout is CodeLayout.U4 else 31
+        if int(c.min()) < 0 or int(c.max()) > top:
+            raise ValueError(f"{layout.name} codes must lie in 0..{top}")
+        low = c & 15
+        packed = (low[..., :16] | (low[..., 16:] << 4)).to(torch.uint8).view(n, k // 2)
+        high = None
+        if layout is CodeLayout.U5:
+            word = ((c >> 4).to(torch.int64) << torch.arange(RUN, dtype=torch.int64)).sum(
+                -1
+            )  # bit i: code i's bit 4
+            high = torch.where(word >= 1 << 31, word - (1 << 32), word).to(torch.int32)  # the uint32's bits
+        return cls(packed, scale, min, high, layout, group_size, k)
+
+    def unpacked_codes(self, rows: torch.Tensor | slice = slice(None)) -> torch.Tensor:
+        """The integer codes of `rows`, int32 `(rows, in_features)`."""
+        codes = self.codes[rows]
+        if self.layout is CodeLayout.I8:
+            return codes.to(torch.int32)
+        n, k = codes.shape[0], self.in_features
+        b = codes.to(torch.int32).view(n, k // RUN, 16)
+        c = torch.cat([b & 15, b >> 4], dim=-1)
+        if self.layout is CodeLayout.U5:
+            h = self.high[rows].to(torch.int64)[..., None] >> torch.arange(RUN, dtype=torch.int64)
+            c = c | ((h & 1).to(torch.int32) << 4)
+        return c.reshape(n, k)
+
+    def dequantize(self, rows: torch.Tensor | slice | None = None) -> torch.Tensor:
+        """The weight's `rows` (all: None), float32 `(rows, in_features)`: `scale * code (+ min)`, bit for bit the
+        kernel's. The whole weight is made `DEQUANTIZE_ROWS` rows at a time (a bounded transient)."""
+        if rows is None:
+            out = torch.empty(self.out_features, self.in_features, dtype=torch.float32)
+            for start in range(0, self.out_features, DEQUANTIZE_ROWS):
+                part = slice(start, min(start + DEQUANTIZE_ROWS, self.out_features))
+                out[part] = self.dequantize(part)
+            return out
+        codes = self.unpacked_codes(rows).to(torch.float32)
+        n, groups = codes.shape[0], self.in_features // self.group_size
+        w = codes.view(n, groups, self.group_size) * self.scale[rows][..., None]
+        if self.min is not None:
+            w = w + self.min[rows][..., None]
+        return w.view(n, self.in_features)
+
+    def select_rows(self, index: torch.Tensor) -> GroupQuantWeight:
+        """The weight made of rows `index` (int64 `(rows,)`), in that order."""
+
+        def pick(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.index_select(0, index)
+
+        return GroupQuantWeight(
+            pick(self.codes),
+            pick(self.scale),
+            pick(self.min),
+            pick(self.high),
+            self.layout,
+            self.group_size,
+            self.in_features,
+        )
+
+
+_best_isa: int | None = None
+
+
+def _kernel_for(isa: int):
+    global _best_isa
+    mod = cpu_skinny_gemm.load_kernel()
+    if mod is None:
+        return None
+    if _best_isa is None:
+        _best_isa = int(mod.best_isa())
+    if isa == ISA_AUTO and _best_isa < ISA_AVX2:
+        return None  # the plain C++ path is for tests: without AVX2 the torch twin is faster
+    return mod
+
+
+def kernel_group_linear(
+    x: torch.Tensor, weight: GroupQuantWeight, bias: torch.Tensor | None = None, isa: int = ISA_AUTO
+) -> torch.Tensor | None:
+    """`F.linear(x, weight.dequantize(), bias)` by the kernel, float32 `(..., out_features)`, for float32 x
+    `(..., in_features)` with 1..`MAX_ROWS` rows, contiguous on CPU, and float32 `bias` `(out_features,)`; None where
+    it does not apply (other dtypes or rows, autograd, no kernel)."""
+    if x.dim() == 0 or x.shape[-1] != weight.in_features or x.dtype != torch.float32 or not x.is_cpu:
+        return None
+    rows = x.numel() // weight.in_features
+    if not 1 <= rows <= MAX_ROWS or not x.is_contiguous() or (torch.is_grad_enabled() and x.requires_grad):
+        return None
+    n = weight.out_features
+    if bias is not None and (bias.dtype != torch.float32 or bias.shape != (n,) or not bias.is_contiguous()):
+        return None
+    mod = _kernel_for(isa)
+    if mod is None:
+        return None
+    y = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
+    ptr = [0 if t is None else t.data_ptr() for t in (weight.high, weight.min, bias)]
+    mod.gemm_gq(
+        x.data_ptr(),
+        weight.codes.data_ptr(),
+        ptr[0],
+        weight.scale.data_ptr(),
+        ptr[1],
+        ptr[2],
+        y.data_ptr(),
+        rows,
+        n,
+        weight.in_features,
+        int(weight.layout),
+        weight.group_size,
+        isa,
+    )
+    return y
+
+
+def reference_group_linear(
+    x: torch.Tensor, weight: GroupQuantWeight, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The torch twin: `F.linear(x.float(), weight.dequantize(), bias)`, float32 `(..., out_features)`, over
+    `DEQUANTIZE_ROWS` output features at a time (a large LM head is never de-quantized whole)."""
+    x, bias = x.float(), None if bias is None else bias.float()
+    n = weight.out_features
+    if n <= DEQUANTIZE_ROWS:
+        return F.linear(x, weight.dequantize(), bias)
+    parts = []
+    for start in range(0, n, DEQUANTIZE_ROWS):
+        part = slice(start, min(start + DEQUANTIZE_ROWS, n))
+        parts.append(F.linear(x, weight.dequantize(part), None if bias is None else bias[part]))
+    return torch.cat(parts, dim=-1)
+
+
+def group_linear(x: torch.Tensor, weight: GroupQuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`x @ W.T (+ bias)` `(..., out_features)` in x's dtype, summed in float32: by the kernel where it applies,
+    else by the torch twin."""
+    x32 = x if x.dtype == torch.float32 else x.float()
+    b32 = None if bias is None else bias.float().contiguous()
+    y = kernel_group_linear(x32.contiguous(), weight, b32) if x.is_cpu else None
+    if y is None:
+        y = reference_group_linear(x32, weight, b32)
+    return y if y.dtype == x.dtype else y.to(x.dtype)
+
+
+@torch.library.custom_op("hf_spec::group_quant_linear", mutates_args=())
+def group_quant_linear(
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    scale: torch.Tensor,
+    min: torch.Tensor | None,
+    high: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    layout: int,
+    group_size: int,
+) -> torch.Tensor:
+    """`group_linear` as a torch op: x `(..., in_features)`, the weight's tensors as `GroupQuantWeight` holds them;
+    returns `(..., out_features)` in x's dtype."""
+    weight = GroupQuantWeight(codes, scale, min, high, CodeLayout(layout), group_size, x.shape[-1])
+    return group_linear(x, weight, bias)
+
+
+@group_quant_linear.register_fake
+def _(x, codes, scale, min, high, bias, layout, group_size):
+    return x.new_empty((*x.shape[:-1], scale.shape[0]))
+
+
+def quantized_linear(
+    x: torch.Tensor, weight: GroupQuantWeight, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`group_linear`, through the custom op while `torch.compile` traces (a plain call otherwise: the op's
+    dispatch costs microseconds a call, which a decoding step pays once a linear)."""
+    if torch.compiler.is_compiling():
+        return group_quant_linear(
+            x,
+            weight.codes,
+            weight.scale,
+            weight.min,
+            weight.high,
+            bias,
+            int(weight.layout),
+            weight.group_size,
+        )
+    return group_linear(x, weight, bias)
+
+
+__all__ = [
+    "MAX_ROWS",
+    "CodeLayout",
+    "GroupQuantWeight",
+    "group_linear",
+    "group_quant_linear",
+    "kernel_group_linear",
+    "quantized_linear",
+    "reference_group_linear",
+]

@@ -1,0 +1,344 @@
+"""Quantized targets on hf-spec's group-quantized kernel: GGUF blocks repacked bit for bit as gguf de-quantizes
+them, the kernel against its torch twin (rows 1-64, odd widths, float32 and bfloat16 x, each row's bits the same
+alone and among others), int8 / int4 made at load, a tiny GGUF written here, and speculative greedy output equal to
+the quantized model's own `generate`."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("gguf")
+from gguf import GGML_QUANT_SIZES, GGUFWriter, quants  # noqa: E402
+from gguf import GGMLQuantizationType as Q  # noqa: E402
+from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+from hf_spec import SpeculativeDecoder
+from hf_spec.kernels import cpu_skinny_gemm
+from hf_spec.kernels import group_quant as gq
+from hf_spec.kernels.group_quant import CodeLayout, GroupQuantWeight
+from hf_spec.models.gguf_blocks import SUPPORTED, repack
+from hf_spec.models.quant_modules import QuantizedEmbedding, QuantizedLinear
+from hf_spec.models.quantize import (
+    gguf_of_folder,
+    quantization_report,
+    quantize_gguf,
+    quantize_int4,
+    quantize_int8,
+    quantize_target,
+)
+from tests.conftest import STORIES, make_tiny_model
+from tests.test_methods import decoder_for
+
+_MANUAL = (Q.Q4_K, Q.Q5_K, Q.Q6_K)  # gguf-py de-quantizes these but does not quantize: random valid blocks
+
+
+def _blocks(qtype: Q, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """Raw blocks `(rows, bytes a row)` of a `(rows, cols)` weight: gguf's own quantization of a random weight, or
+    random bytes with small finite float16 scales for the K formats."""
+    rng = np.random.default_rng(seed)
+    if qtype not in _MANUAL:
+        return quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32) * 0.1, qtype)
+    block, size = GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, size=(rows * cols // block, size), dtype=np.uint8)
+    n = raw.shape[0]
+
+    def f16() -> np.ndarray:
+        return rng.uniform(-2e-4, 2e-4, n).astype(np.float16).view(np.uint8).reshape(n, 2)
+
+    if qtype == Q.Q6_K:
+        raw[:, 208:210] = f16()
+    else:
+        raw[:, 0:2], raw[:, 2:4] = f16(), f16()
+    return raw.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda t: t.name)
+def test_repacked_blocks_dequantize_as_gguf_does(qtype):
+    rows, cols = 5, 512
+    raw = _blocks(qtype, rows, cols)
+    reference = quants.dequantize(raw, qtype).reshape(rows, cols).astype(np.float32)
+    packed = repack(raw, qtype, (rows, cols))
+    assert packed.nbytes < rows * cols * 2  # fewer bytes than bfloat16
+    # equal values: Q4_0 / Q5_0 write a zero weight as d * q + (-8 d) = +0 where gguf's d * (q - 8) may give -0
+    assert np.array_equal(packed.dequantize().numpy(), reference)
+    nonzero = reference != 0
+    assert np.array_equal(
+        packed.dequantize().numpy()[nonzero].view(np.uint32), reference[nonzero].view(np.uint32)
+    )
+    assert torch.equal(packed.dequantize(torch.tensor([3, 1])), packed.dequantize()[[3, 1]])
+
+
+def test_repack_refuses_what_it_cannot_read():
+    with pytest.raises(NotImplementedError, match="Q2_K"):
+        repack(np.zeros((1, 84), np.uint8), Q.Q2_K, (1, 256))
+    with pytest.raises(ValueError, match="does not hold"):
+        repack(np.zeros((2, 34), np.uint8), Q.Q8_0, (1, 32))
+
+
+def _weights(out_features: int, in_features: int) -> dict[str, GroupQuantWeight]:
+    """One weight of each layout and min kind, `(out_features, in_features)`."""
+    w = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(1)) * 0.1
+    codes = torch.randint(0, 32, (out_features, in_features), generator=torch.Generator().manual_seed(2))
+    scale = torch.rand(out_features, in_features // 32, generator=torch.Generator().manual_seed(3)) * 0.01
+    return {
+        "i8-channel": quantize_int8(w),
+        "i8-16-min": GroupQuantWeight.from_codes(
+            codes - 16, scale.repeat_interleave(2, 1), -scale.repeat_interleave(2, 1), CodeLayout.I8, 16
+        ),
+        "u4-min": quantize_int4(w),
+        "u4-64": GroupQuantWeight.from_codes(codes & 15, scale[:, ::2].contiguous(), None, CodeLayout.U4, 64),
+        "u5-min": GroupQuantWeight.from_codes(codes, scale, -16 * scale, CodeLayout.U5, 32),
+    }
+
+
+def _kernel_or_skip(isa: int = cpu_skinny_gemm.ISA_AUTO):
+    if gq._kernel_for(isa) is None:
+        pytest.skip("hf-spec's C++ kernel is not built here (or this CPU has no AVX2)")
+
+
+@pytest.mark.parametrize(
+    "isa", [cpu_skinny_gemm.ISA_AUTO, cpu_skinny_gemm.ISA_SCALAR], ids=["best", "scalar"]
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_kernel_matches_its_torch_twin_and_gives_each_row_its_own_bits(isa, dtype):
+    _kernel_or_skip(isa)
+    out_features, in_features = 13, 128  # 13: tiles of 4 rows and a tail of 1
+    bias = torch.randn(out_features)
+    for name, weight in _weights(out_features, in_features).items():
+        for rows in (1, 2, 3, 5, 17, 64):
+            x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows)).to(dtype)
+            y = gq.kernel_group_linear(x.float(), weight, bias, isa=isa)
+            reference = gq.reference_group_linear(x, weight, bias)
+            torch.testing.assert_close(y, reference, rtol=1e-5, atol=1e-5, msg=f"{name} {rows} rows")
+            alone = torch.cat(
+                [gq.kernel_group_linear(x[i : i + 1].float(), weight, bias, isa=isa) for i in range(rows)]
+            )
+            assert torch.equal(alone, y), f"{name}: a row's bits depend on the rows beside it"
+            assert gq.group_linear(x, weight, bias).dtype == dtype
+
+
+def test_kernel_declines_what_it_does_not_take():
+    weight = _weights(8, 64)["u4-min"]
+    assert gq.kernel_group_linear(torch.randn(65, 64), weight) is None  # more than MAX_ROWS: the torch twin
+    assert gq.kernel_group_linear(torch.randn(2, 64, dtype=torch.bfloat16), weight) is None
+    assert gq.kernel_group_linear(torch.randn(2, 32), weight) is None
+    x = torch.randn(70, 64)
+    assert torch.equal(gq.group_linear(x, weight), gq.reference_group_linear(x, weight))
+
+
+def test_without_kernels_or_without_avx2_the_torch_twin_runs(monkeypatch):
+    weight, x = _weights(8, 64)["u5-min"], torch.randn(3, 64)
+    monkeypatch.setenv("HF_SPEC_NO_CPP_KERNELS", "1")
+    assert torch.equal(gq.group_linear(x, weight), gq.reference_group_linear(x, weight))
+    monkeypatch.delenv("HF_SPEC_NO_CPP_KERNELS")
+    monkeypatch.setattr(gq, "_best_isa", cpu_skinny_gemm.ISA_SCALAR)  # a CPU without AVX2
+    if cpu_skinny_gemm.load_kernel() is not None:
+        assert gq._kernel_for(cpu_skinny_gemm.ISA_AUTO) is None
+        assert torch.equal(gq.group_linear(x, weight), gq.reference_group_linear(x, weight))
+
+
+def test_custom_op_traces_without_graph_breaks():
+    weight = _weights(8, 64)["u4-min"]
+    module = QuantizedLinear(weight, torch.randn(8), "int4", torch.float32)
+    x = torch.randn(2, 64)
+    compiled = torch.compile(module, backend="eager", fullgraph=True)
+    assert torch.equal(compiled(x), module(x))
+    direct = torch.ops.hf_spec.group_quant_linear(
+        x, weight.codes, weight.scale, weight.min, None, None, int(weight.layout), weight.group_size
+    )
+    assert torch.equal(direct, gq.group_linear(x, weight))
+
+
+def test_group_quant_weight_checks_its_tensors():
+    with pytest.raises(ValueError, match="group size"):
+        GroupQuantWeight.from_codes(torch.zeros(2, 64), torch.ones(2, 1), None, CodeLayout.U4, 48)
+    with pytest.raises(ValueError, match="0..15"):
+        GroupQuantWeight.from_codes(torch.full((2, 32), 16), torch.ones(2, 1), None, CodeLayout.U4, 32)
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_made_here_schemes_are_close_to_the_weight(scheme):
+    w = torch.randn(24, 96)
+    packed = quantize_int8(w) if scheme == "int8" else quantize_int4(w)
+    step = w.abs().amax(1, keepdim=True) / 127 if scheme == "int8" else (w.amax(1) - w.amin(1)).amax() / 15
+    assert float(((packed.dequantize() - w).abs() - step / 2 * 1.01).amax()) <= 1e-6
+
+
+def _assert_decodes_as_generate(model, spec: str, new: int = 24) -> None:
+    ids = torch.tensor([[1, 40, 30, 70, 40, 30, 70, 22, 40, 30]])
+    ref = model.generate(ids, max_new_tokens=new, do_sample=False)
+    out = model.generate(ids, max_new_tokens=new, do_sample=False, custom_generate=decoder_for(spec, model))
+    assert out[0].tolist() == ref[0].tolist(), spec
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_tiny_target_made_here_decodes_as_its_own_generate(scheme):
+    model = quantize_target(make_tiny_model("llama"), scheme)
+    assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
+    assert quantization_report(model).startswith(f"yes: {4 * 7 + 1} linears")
+    for spec in ("pld", "draft-model") if scheme == "int4" else ("pld",):
+        _assert_decodes_as_generate(model, spec)
+
+
+def test_tiny_target_on_the_torch_twin_decodes_as_its_own_generate(monkeypatch):
+    """`HF_SPEC_NO_CPP_KERNELS=1`: every quantized linear runs `F.linear` on its de-quantized weight."""
+    monkeypatch.setenv("HF_SPEC_NO_CPP_KERNELS", "1")
+    model = quantize_target(make_tiny_model("qwen2"), "int4")
+    _assert_decodes_as_generate(model, "pld")
+
+
+def test_load_model_quantizes_and_check_reports_it():
+    from hf_spec.models import load_model
+    from hf_spec.models.support import support_report
+
+    model, _ = load_model(str(STORIES), quantize="int8")
+    report = support_report(model)["quantized linears"]
+    # stories260K's MLP is 172 wide: its down projections (in_features 172) stay nn.Linear
+    assert report.startswith("yes:") and "int8" in report and "nn.Linear unquantized" in report, report
+    _assert_decodes_as_generate(model, "pld")
+    with pytest.raises(ValueError, match="not converted from a GGUF"):
+        load_model(str(STORIES), quantize="gguf")
+    with pytest.raises(ValueError, match="without load_in"):
+        load_model(str(STORIES), quantize="int4", load_in_8bit=True)
+
+
+# the tiny GGUF's formats, by linear: every supported one, K formats included (they need 256-wide inputs)
+GGUF_TYPES = {
+    "attn_q": Q.Q4_0,
+    "attn_k": Q.Q5_1,
+    "attn_v": Q.Q4_1,
+    "attn_output": Q.Q5_0,
+    "ffn_gate": Q.Q4_K,
+    "ffn_up": Q.Q5_K,
+    "ffn_down": Q.Q6_K,
+}
+HF_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def _tiny_gguf_target(tmp_path):
+    """A tiny tied Llama whose weights are what transformers makes of a GGUF written here (llama.cpp's q / k row
+    permutation included), and that GGUF's path."""
+    config = LlamaConfig(
+        vocab_size=96,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+    processor = LlamaTensorProcessor(config={"num_attention_heads": 4, "num_key_value_heads": 2})
+    writer = GGUFWriter(str(tmp_path / "tiny.gguf"), "llama")
+    tensors = {"token_embd.weight": (model.model.embed_tokens, Q.Q8_0)}
+    for i, layer in enumerate(model.model.layers):
+        for key, qtype in GGUF_TYPES.items():
+            tensors[f"blk.{i}.{key}.weight"] = (layer.get_submodule(HF_NAMES[key]), qtype)
+    with torch.no_grad():
+        for name, (module, qtype) in tensors.items():
+            rows, cols = module.weight.shape
+            raw = _blocks(qtype, rows, cols, seed=len(name))
+            stored = quants.dequantize(raw, qtype).reshape(rows, cols)
+            probe = processor.process(np.arange(rows, dtype=np.float64)[:, None], name).weights
+            module.weight.copy_(torch.from_numpy(stored[probe[:, 0].astype(np.int64)]))
+            writer.add_tensor(name, raw, raw_dtype=qtype)
+        for name, tensor in (("output_norm.weight", model.model.norm.weight),):
+            writer.add_tensor(name, tensor.detach().numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return model, tmp_path / "tiny.gguf"
+
+
+def test_tiny_gguf_target_keeps_its_blocks_and_decodes_as_its_own_generate(tmp_path):
+    model, path = _tiny_gguf_target(tmp_path)
+    x = torch.randint(3, 96, (1, 12))
+    with torch.no_grad():
+        dense = model(x).logits
+    assert quantize_gguf(model, path) == 2 * 7 + 2  # the layers' linears, the embedding and the tied LM head
+    assert isinstance(model.model.embed_tokens, QuantizedEmbedding)
+    assert model.lm_head.packed is model.model.embed_tokens.packed
+    assert model.model.layers[1].mlp.down_proj.scheme == "gguf Q6_K"
+    with torch.no_grad():
+        torch.testing.assert_close(model(x).logits, dense, rtol=1e-4, atol=1e-4)  # the same weights
+    for spec in ("pld", "draft-model"):
+        _assert_decodes_as_generate(model, spec)
+
+
+def test_gguf_blocks_of_another_model_are_refused(tmp_path):
+    model, path = _tiny_gguf_target(tmp_path)
+    with torch.no_grad():
+        model.model.layers[0].self_attn.q_proj.weight.mul_(2)
+    with pytest.raises(ValueError, match="not converted from this GGUF"):
+        quantize_gguf(model, path)
+
+
+def test_gguf_needs_a_folder_fetched_from_a_gguf(tmp_path):
+    with pytest.raises(ValueError, match="not converted from a GGUF"):
+        gguf_of_folder(tmp_path)
+    folder = tmp_path / "models" / "tiny"
+    folder.mkdir(parents=True)
+    (folder / "hf_spec_fetch.json").write_text(json.dumps({"gguf_file": "tiny.gguf"}))
+    with pytest.raises(ValueError, match="missing"):
+        gguf_of_folder(folder)
+    (tmp_path / "gguf").mkdir()
+    (tmp_path / "gguf" / "tiny.gguf").write_bytes(b"")
+    assert gguf_of_folder(folder) == tmp_path / "gguf" / "tiny.gguf"
+    with pytest.raises(ValueError, match="unknown quantize"):
+        quantize_target(make_tiny_model("llama"), "int5")
+
+
+def test_quantized_modules_stay_on_the_cpu_and_keep_float32_scales():
+    model = quantize_target(make_tiny_model("llama"), "int4")
+    model.to(torch.bfloat16)
+    head = model.lm_head
+    assert head.packed.scale.dtype == torch.float32 and head.weight.dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="CPU only"):
+        head.to("meta")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("name", ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"])
+def test_known_gguf_target_decodes_as_its_own_generate(name, dtype):
+    """The real GGUFs (fetched once with `hf-spec fetch NAME`): every quantized tensor kept; in float32 the output
+    equals the target's own `generate`, in bfloat16 (activations rounded between layers, attention in bfloat16) a
+    departure must be a near-tie, measured as for unquantized bfloat16 targets."""
+    from hf_spec.bench.lossless import compare_greedy
+    from hf_spec.models import FetchError, load_model, resolve_model
+
+    try:
+        resolve_model(name, fetch=False)
+    except FetchError:
+        pytest.skip(f"{name} is not fetched")
+    model, tokenizer = load_model(name, dtype=dtype, quantize="gguf")
+    report = quantization_report(model)
+    assert report.startswith("yes:") and "unquantized" not in report, report
+    for prompt in ("def fibonacci(n):\n    ", "The capital of France is"):
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        ref = model.generate(ids, max_new_tokens=32, do_sample=False)[0, ids.shape[1] :].tolist()
+        out = model.generate(
+            ids, max_new_tokens=32, do_sample=False, custom_generate=SpeculativeDecoder("pld")
+        )
+        verdict = compare_greedy(model, ids, ref, out[0, ids.shape[1] :].tolist())
+        if dtype == torch.float32:
+            assert verdict["lossless"], verdict
+        else:
+            assert verdict["lossless"] or verdict["near_tie"], verdict
