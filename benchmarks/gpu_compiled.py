@@ -48,11 +48,12 @@ def compile_options(device) -> dict:
     return dict(fullgraph=True, dynamic=False, mode="reduce-overhead" if device.type == "cuda" else "default")
 
 
-def allow_recompiles(limit: int = 64) -> None:
-    """One graph per width and the decoding step share the forward's code objects: more than dynamo's default 8."""
+def allow_recompiles(limit: int = 64):
+    """A context in which dynamo recompiles up to `limit` times per code object: one graph per width and the decoding
+    step share the forward's code objects (dynamo's default allows 8)."""
     import torch._dynamo
 
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
+    return torch._dynamo.config.patch(recompile_limit=max(torch._dynamo.config.recompile_limit, limit))
 
 
 def sync(device) -> None:
