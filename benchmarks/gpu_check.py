@@ -319,7 +319,11 @@ def check_shape(shape: str, device, dtype, cfg: dict, backends: list[str], args,
         result["verify_relative"] = {q - 1: s / one for q, s in forward.items()}
         result["lm_head_ms"] = {q: 1e3 * s for q, s in head.items()}
     else:  # the phases priced with the eager curve cannot run without it
-        result["skipped"] += ["backends", *(["kernels"] if "triton" in backends else []), "replay"]
+        result["skipped"] += [
+            "backends",
+            *(["kernels"] if "triton" in backends else []),
+            *(["replay"] if args.rounds else []),
+        ]
     result.pop("verify", None)
     widths, reps = cfg["widths"], cfg["reps"] + 1
     need = budget.compile_guess_s

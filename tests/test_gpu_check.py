@@ -233,7 +233,7 @@ def test_gpu_check_budget_skips_phases_and_compile_hook_reports(tmp_path, monkey
     assert gpu_check.main(["--out", str(tmp_path / "none"), "--tiny", "--compile"]) == 0
     (shape,) = json.loads((tmp_path / "none" / "gpu_check.json").read_text())["shapes"]
     assert shape["plain_tokens_per_s"] > 0
-    assert {"compiled_generate", "verify", "verify_static", "backends", "replay"} <= set(shape["skipped"])
+    assert {"compiled_generate", "verify", "verify_static", "backends"} <= set(shape["skipped"])
     assert "Skipped (time budget): compiled_generate" in (tmp_path / "none" / "gpu_check.md").read_text()
     monkeypatch.undo()
     monkeypatch.setenv("TRITON_INTERPRET", "1")
