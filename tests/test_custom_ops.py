@@ -77,7 +77,7 @@ def test_cpp_ops_pass_opcheck(kernel):
             (ops.skinny_gemm_w8a8, (c["x"], c["q"], qsum, c["scale"])),
         ]
     for op, args in cases:
-        torch.library.opcheck(op, args)
+        torch.library.opcheck(op.op, args)
     assert len(cases) >= 5
 
 

@@ -16,11 +16,14 @@ kernel is not loaded raises `RuntimeError`.
 | `skinny_gemm_w8a8(x, q, qsum, scale)` | fp32 x `(..., K)`, q, qsum, scale | fp32 `(..., N)` |
 | `select_within(approx, floor, err_w, err_q, coef, qnorm)` | fp32 `(M, N)`, four `(M,)`... `(N,)` | bool `(N,)` |
 
-Rows are every leading dimension of x together (1..32 for the kernels); tensors are contiguous CPU tensors.
+Rows are every leading dimension of x together (1..32 for the kernels); tensors are contiguous CPU tensors. The
+module's functions of these names call the operators (`.op`) inside a traced graph and the kernels directly in eager
+code.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
 
 import torch
@@ -50,8 +53,7 @@ def _out(x: torch.Tensor, n: int, dtype: torch.dtype = _F32) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], n), dtype=dtype)
 
 
-@torch.library.custom_op("hf_spec::skinny_gemm", mutates_args=(), device_types="cpu")
-def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, isa: int) -> torch.Tensor:
+def _skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, isa: int) -> torch.Tensor:
     """`F.linear(x, weight, bias)`, fp32: x `(..., K)`, weight `(N, K)`, bias `(N,)` -> `(..., N)`."""
     y = _out(x, weight.shape[0])
     b = 0 if bias is None else bias.data_ptr()
@@ -61,13 +63,13 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return y
 
 
-@skinny_gemm.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, isa: int) -> torch.Tensor:
+def _skinny_gemm_fake(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, isa: int
+) -> torch.Tensor:
     return _out(x, weight.shape[0])
 
 
-@torch.library.custom_op("hf_spec::skinny_gemm_bf16", mutates_args=(), device_types="cpu")
-def skinny_gemm_bf16(
+def _skinny_gemm_bf16(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, isa: int
 ) -> torch.Tensor:
     """`F.linear(x, weight, bias)` for bf16 x `(..., K)` and weight `(N, K)` -> bf16 `(..., N)`: fp32 products and
@@ -81,13 +83,13 @@ def skinny_gemm_bf16(
     return y.to(torch.bfloat16)
 
 
-@skinny_gemm_bf16.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, isa: int) -> torch.Tensor:
+def _skinny_gemm_bf16_fake(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, isa: int
+) -> torch.Tensor:
     return _out(x, weight.shape[0], torch.bfloat16)
 
 
-@torch.library.custom_op("hf_spec::skinny_gemm_int8", mutates_args=(), device_types="cpu")
-def skinny_gemm_int8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, isa: int) -> torch.Tensor:
+def _skinny_gemm_int8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, isa: int) -> torch.Tensor:
     """`(x @ q.T) * scale` in fp32 arithmetic: fp32 x `(..., K)`, int8 q `(N, K)`, fp32 scale `(N,)` -> `(..., N)`."""
     y = _out(x, q.shape[0])
     _kernel().gemm_i8(
@@ -96,13 +98,11 @@ def skinny_gemm_int8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, isa:
     return y
 
 
-@skinny_gemm_int8.register_fake
-def _(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, isa: int) -> torch.Tensor:
+def _skinny_gemm_int8_fake(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, isa: int) -> torch.Tensor:
     return _out(x, q.shape[0])
 
 
-@torch.library.custom_op("hf_spec::skinny_gemm_u8s8", mutates_args=(), device_types="cpu")
-def skinny_gemm_u8s8(
+def _skinny_gemm_u8s8(
     xu: torch.Tensor, xs: torch.Tensor, q: torch.Tensor, qsum: torch.Tensor, scale: torch.Tensor
 ) -> torch.Tensor:
     """`float((xu - 128) @ q.T) * (xs[:, None] * scale)` `(M, N)` by AVX512-VNNI: uint8 xu `(M, K)`, fp32 xs `(M,)`,
@@ -114,15 +114,13 @@ def skinny_gemm_u8s8(
     return y
 
 
-@skinny_gemm_u8s8.register_fake
-def _(
+def _skinny_gemm_u8s8_fake(
     xu: torch.Tensor, xs: torch.Tensor, q: torch.Tensor, qsum: torch.Tensor, scale: torch.Tensor
 ) -> torch.Tensor:
     return xu.new_empty((xu.shape[0], q.shape[0]), dtype=_F32)
 
 
-@torch.library.custom_op("hf_spec::skinny_gemm_w8a8", mutates_args=(), device_types="cpu")
-def skinny_gemm_w8a8(
+def _skinny_gemm_w8a8(
     x: torch.Tensor, q: torch.Tensor, qsum: torch.Tensor, scale: torch.Tensor
 ) -> torch.Tensor:
     """`x @ (q * scale[:, None]).T` `(..., N)` with each row of fp32 x `(..., K)` quantized to int8 first (VNNI)."""
@@ -132,13 +130,13 @@ def skinny_gemm_w8a8(
     return y
 
 
-@skinny_gemm_w8a8.register_fake
-def _(x: torch.Tensor, q: torch.Tensor, qsum: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def _skinny_gemm_w8a8_fake(
+    x: torch.Tensor, q: torch.Tensor, qsum: torch.Tensor, scale: torch.Tensor
+) -> torch.Tensor:
     return _out(x, q.shape[0])
 
 
-@torch.library.custom_op("hf_spec::select_within", mutates_args=(), device_types="cpu")
-def select_within(
+def _select_within(
     approx: torch.Tensor,
     floor: torch.Tensor,
     err_w: torch.Tensor,
@@ -155,8 +153,7 @@ def select_within(
     return keep.bool()
 
 
-@select_within.register_fake
-def _(
+def _select_within_fake(
     approx: torch.Tensor,
     floor: torch.Tensor,
     err_w: torch.Tensor,
@@ -167,4 +164,24 @@ def _(
     return approx.new_empty((approx.shape[1],), dtype=torch.bool)
 
 
+def _define(name: str, impl: Callable, fake: Callable) -> Callable:
+    """The operator `hf_spec::<name>` from `impl` and its fake, and the function callers use: the operator where a
+    graph is being traced (`torch.compile`, `torch.export`), `impl` itself in eager calls (the same work without the
+    dispatcher's few microseconds, paid once per linear layer of a forward). The operator is its `.op`."""
+    op = torch.library.custom_op(f"hf_spec::{name}", impl, mutates_args=(), device_types="cpu")
+    op.register_fake(fake)
+
+    def call(*args):
+        return op(*args) if torch.compiler.is_compiling() else impl(*args)
+
+    call.__name__, call.__doc__, call.op = name, impl.__doc__, op
+    return call
+
+
+skinny_gemm = _define("skinny_gemm", _skinny_gemm, _skinny_gemm_fake)
+skinny_gemm_bf16 = _define("skinny_gemm_bf16", _skinny_gemm_bf16, _skinny_gemm_bf16_fake)
+skinny_gemm_int8 = _define("skinny_gemm_int8", _skinny_gemm_int8, _skinny_gemm_int8_fake)
+skinny_gemm_u8s8 = _define("skinny_gemm_u8s8", _skinny_gemm_u8s8, _skinny_gemm_u8s8_fake)
+skinny_gemm_w8a8 = _define("skinny_gemm_w8a8", _skinny_gemm_w8a8, _skinny_gemm_w8a8_fake)
+select_within = _define("select_within", _select_within, _select_within_fake)
 OPS = (skinny_gemm, skinny_gemm_bf16, skinny_gemm_int8, skinny_gemm_u8s8, skinny_gemm_w8a8, select_within)

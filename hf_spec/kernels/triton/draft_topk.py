@@ -13,9 +13,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.library import wrap_triton
 
-from hf_spec.kernels.triton.op import kernel_op
+from hf_spec.kernels.triton.op import kernel_op, wrap_triton
 
 BLOCK = 1024
 NO_INDEX = tl.constexpr(2147483647)

@@ -7,9 +7,9 @@
 
 Two launches (the argmax of every row in vocabulary chunks, then one program that reduces the chunks and walks)
 and one packed `torch.LongTensor` of shape `(2 + 2 * num_nodes + 1,)` that the host reads once:
-`[num_accepted, bonus, path (num_nodes slots, the first num_accepted used), predictions (num_nodes + 1)]`.
+`[num_accepted, bonus, path (num_nodes slots, the first num_accepted used, -1 after), predictions (num_nodes + 1)]`.
 
-Example: tokens [a, b, c], parents [-1, 0, -1], predictions [c, x, y, z] -> [1, z, 2, _, _, c, x, y, z]
+Example: tokens [a, b, c], parents [-1, 0, -1], predictions [c, x, y, z] -> [1, z, 2, -1, -1, c, x, y, z]
 (node 2 accepted; row 3 predicts z, not a child of node 2).
 
 The launches run as the custom operator `torch.ops.hf_spec.greedy_accept` (`hf_spec.kernels.triton.op`).
@@ -20,10 +20,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.library import wrap_triton
 
 from hf_spec.engine.acceptance import greedy_walk
-from hf_spec.kernels.triton.op import kernel_op
+from hf_spec.kernels.triton.op import kernel_op, wrap_triton
 
 CHUNK = 2048  # vocabulary entries per program of the argmax pass
 BLOCK = 512  # entries a program reads at once
@@ -132,7 +131,7 @@ def _greedy_accept(logits: torch.Tensor, parents: torch.Tensor, tokens: torch.Te
     chunks = triton.cdiv(vocab, CHUNK)
     maxes = torch.empty(rows, chunks, dtype=torch.float32, device=device)
     index = torch.empty(rows, chunks, dtype=torch.int32, device=device)
-    out = _packed_like(logits, parents, tokens)
+    out = torch.full((2 * rows + 1,), -1, dtype=torch.long, device=device)  # unused path slots: -1
     if num_nodes == 0:  # a pointer to nothing is not passed: one unused slot
         parents = tokens = torch.zeros(1, dtype=torch.long, device=device)
     wrap_triton(_chunk_argmax)[(rows, chunks)](

@@ -24,9 +24,8 @@ from collections import defaultdict
 import torch
 import triton
 import triton.language as tl
-from torch.library import wrap_triton
 
-from hf_spec.kernels.triton.op import kernel_op
+from hf_spec.kernels.triton.op import kernel_op, wrap_triton
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 

@@ -6,7 +6,7 @@ Where triton compiles the kernels (CUDA) the operator is a `torch.library.triton
 kernels themselves and its CUDA graphs capture their launches. Under Triton's interpreter (`TRITON_INTERPRET=1`,
 kernels on CPU tensors, as the tests run them) a kernel cannot be traced, and the operator is an opaque
 `torch.library.custom_op` with the same schema: compiled graphs still call it as one node, and run the interpreted
-kernels when they run. Both use `fake` while tracing, so the tests check the fake that CUDA graphs use too.
+kernels when they run (so it is too with a torch that has no `triton_op`). Both use `fake` while tracing, so the tests check the fake that CUDA graphs use too.
 
 A function handed to `kernel_op` must run on fake tensors: shapes, dtypes, strides and allocations only, nothing
 that reads a tensor's values or address on the host.
@@ -17,6 +17,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 import torch
+
+# launches a kernel so that a traced graph records it (torch < 2.6 has none: the kernel is launched as it is, and
+# `kernel_op` defines an opaque operator)
+wrap_triton = getattr(torch.library, "wrap_triton", lambda kernel: kernel)
 
 
 def interpreted(kernel: object) -> bool:
@@ -37,7 +41,7 @@ def kernel_op(
     mutates = tuple(mutates_args)
 
     def define(fn: Callable) -> torch.library.CustomOpDef:
-        if any(interpreted(k) for k in kernels):
+        if any(interpreted(k) for k in kernels) or not hasattr(torch.library, "triton_op"):
             op = torch.library.custom_op(f"hf_spec::{name}", fn, mutates_args=mutates)
         else:
             op = torch.library.triton_op(f"hf_spec::{name}", fn, mutates_args=mutates)

@@ -25,10 +25,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.library import wrap_triton
 
 from hf_spec.engine.acceptance import accept_sampling
-from hf_spec.kernels.triton.op import kernel_op
+from hf_spec.kernels.triton.op import kernel_op, wrap_triton
 from hf_spec.tree import DraftTree
 
 CHUNK = 2048  # vocabulary entries per program of the softmax statistics and the residual
@@ -298,6 +297,7 @@ def _sampling_walk(
     sums = torch.empty(rows, chunks, dtype=torch.float32, device=device)
     stats = torch.empty(2, dtype=torch.float32, device=device)
     out, resid = _walk_like(scores, parents, tokens, draft_probs, uniforms)
+    out.fill_(-1)  # path slots after the accepted ones: -1, as the twin's
     nodes_block = triton.next_power_of_2(max(num_nodes, 1))
     wrap_triton(_chunk_softmax_stats)[(rows, chunks)](
         scores, scores.stride(0), vocab, maxes, sums, chunks, CHUNK=CHUNK, BLOCK=BLOCK

@@ -18,10 +18,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.library import wrap_triton
 
 from hf_spec.kernels.triton.draft_topk import NO_INDEX, _next_largest, stable_topk
-from hf_spec.kernels.triton.op import kernel_op
+from hf_spec.kernels.triton.op import kernel_op, wrap_triton
 
 BLOCK = 256
 NONE, DENSE, LOW_RANK = 0, 1, 2  # the bias kinds (`MODE`)

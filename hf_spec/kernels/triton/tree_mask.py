@@ -20,9 +20,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.library import wrap_triton
 
-from hf_spec.kernels.triton.op import kernel_op
+from hf_spec.kernels.triton.op import kernel_op, wrap_triton
 from hf_spec.tree import DraftTree
 from hf_spec.tree.masks import tree_attention_mask, tree_position_ids
 
