@@ -50,10 +50,12 @@ SHAPES = {  # the configs of the real models, without their weights
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=1000),
 }  # fmt: skip
+# compile_guess_s: a compile's seconds before one was timed; need_s: seconds kept free for the phases after the
+# compiled curve (the 1B shape's oracle runs and kernel pairs took about that on an H200 with 15 ks, 2026-11-27)
 GPU = dict(context=512, new=128, ks=[2, 4, 8, 16], nodes=[0, 1, 2, 4, 8, 16, 32, 64], reps=5, kernel_nodes=64,
-           widths=[1, 2, 4, 8, 16, 32, 64], compile_guess_s=60.0)  # fmt: skip
+           widths=[1, 2, 4, 8, 16, 32, 64], compile_guess_s=60.0, need_s={"backends": 80.0, "kernels": 20.0})  # fmt: skip
 TINY = dict(context=24, new=12, ks=[2, 4], nodes=[0, 1, 2, 4], reps=1, kernel_nodes=8, widths=[1, 4],
-            compile_guess_s=0.0)  # fmt: skip
+            compile_guess_s=0.0, need_s={})  # fmt: skip
 HOST_READS = ("tolist", "item", "__int__", "__float__", "__bool__")
 
 
@@ -298,6 +300,7 @@ def check_shape(shape: str, device, dtype, cfg: dict, backends: list[str], args,
             result[name] = {"error": f"{type(e).__name__}: {first}"}
         result["phase_seconds"][name] = time.perf_counter() - start
         print(f"{shape} {name}: {result['phase_seconds'][name]:.1f} s", flush=True)
+        args.save(result)  # a run killed later keeps this phase
         return result[name]
 
     compiled = phase(
@@ -325,16 +328,17 @@ def check_shape(shape: str, device, dtype, cfg: dict, backends: list[str], args,
             *(["replay"] if args.rounds else []),
         ]
     result.pop("verify", None)
-    widths, reps = cfg["widths"], cfg["reps"] + 1
-    need = budget.compile_guess_s
-    static = phase(
-        "verify_static", need, gc.static_verification_costs, model, ids, widths, reps, budget, until
-    )
+    widths, reps, need = cfg["widths"], cfg["reps"] + 1, cfg["need_s"]
+    # the compiled widths stop in time for the ceilings and kernel pairs
+    reserve = need.get("backends", 0.0) + need.get("kernels", 0.0) if forward else 0.0
+    static = phase("verify_static", budget.compile_guess_s + reserve, gc.static_verification_costs, model, ids,
+                   widths, reps, budget, until - reserve)  # fmt: skip
     if forward:
         nine = forward[min(9, max(forward))]  # an oracle:8 verification
-        loop = phase("backends", 0.0, loop_and_ceilings, model, ids, cfg, backends, plain_s, nine)
+        loop = phase("backends", need.get("backends", 0.0), loop_and_ceilings, model, ids, cfg, backends, plain_s,
+                     nine)  # fmt: skip
         if "triton" in backends:
-            phase("kernels", 0.0, kernel_pairs, model, cfg)
+            phase("kernels", need.get("kernels", 0.0), kernel_pairs, model, cfg)
         if args.rounds and loop and "error" not in loop:
             layers = model.config.num_hidden_layers
             overhead = loop[backends[-1]]["loop_ms_per_round"] / 1e3
@@ -404,7 +408,14 @@ def main(argv: list[str] | None = None) -> int:
               "compile": args.compile, "shapes": [], "skipped_shapes": []}  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    # the report is written after each shape: a run cut short keeps what it measured
+
+    def save(partial: dict | None = None) -> None:
+        """Write the report so far (with the shape being measured): a run cut short keeps what it measured."""
+        done = {**report, "shapes": report["shapes"] + ([partial] if partial else [])}
+        (out / "gpu_check.json").write_text(json.dumps(done, indent=1))
+        (out / "gpu_check.md").write_text(markdown(done))
+
+    args.save = save
     for i, shape in enumerate(shapes):
         if budget.left() <= 0:
             report["skipped_shapes"].append(shape)
@@ -413,9 +424,8 @@ def main(argv: list[str] | None = None) -> int:
         with gc.allow_recompiles():
             report["shapes"].append(check_shape(shape, device, dtype, cfg, backends, args, budget))
         print(f"{shape}: {report['shapes'][-1]['seconds']:.0f} s", flush=True)
-        (out / "gpu_check.json").write_text(json.dumps(report, indent=1))
-        (out / "gpu_check.md").write_text(markdown(report))
-    (out / "gpu_check.json").write_text(json.dumps(report, indent=1))
+        save()
+    save()
     print(markdown(report))
     return 0
 

@@ -24,6 +24,13 @@ def markdown(report: dict) -> str:
                       "| cost / one step | " + " | ".join(f"{v:.2f}" for v in r["verify_relative"].values()) + " |",
                       ""]  # fmt: skip
         lines += _static_curve(r.get("verify_static"))
+        failed = [k for k, v in r.items() if isinstance(v, dict) and "error" in v]
+        lines += [
+            f"{k}: failed ({r[k]['error']})"
+            for k in failed
+            if k not in ("compiled_generate", "verify_static")
+        ]
+        r = {k: v for k, v in r.items() if k not in failed}
         lines += _backends(r.get("backends", {}))
         if "kernels" in r:
             lines += [
