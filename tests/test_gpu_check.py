@@ -229,7 +229,7 @@ def test_gpu_check_budget_skips_phases_and_compile_hook_reports(tmp_path, monkey
     gpu_check = load_gpu_check()
     from benchmarks import gpu_compiled
 
-    spent = ["--out", str(tmp_path / "spent"), "--tiny", "--budget-s", "0.001"]
+    spent = ["--out", str(tmp_path / "spent"), "--tiny", "--budget-s", "0"]
     assert gpu_check.main(spent) == 0
     assert json.loads((tmp_path / "spent" / "gpu_check.json").read_text())["skipped_shapes"] == ["tiny"]
     monkeypatch.setattr(gpu_compiled.Budget, "allows", lambda self, need_s, until=None: False)
