@@ -149,6 +149,9 @@ def load_kernel() -> ModuleType | None:
     return _module
 
 
+ops.set_loader(lambda: load_kernel())  # looked up at each call: a patched `load_kernel` applies
+
+
 def _reset_for_tests() -> None:
     """Forget the load attempt, so the next `load_kernel` tries again."""
     global _module, _tried

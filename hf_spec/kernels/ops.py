@@ -31,15 +31,25 @@ import torch
 _F32 = torch.float32
 
 
+# the function that builds or loads the C++ module (`cpu_skinny_gemm.load_kernel`, which imports this module and
+# hands it over on import: the operators need it, and this module cannot import that one back)
+_loader: Callable[[], ModuleType | None] | None = None
+
+
+def set_loader(loader: Callable[[], ModuleType | None]) -> None:
+    """Use `loader()` for the C++ module the operators run (called by `hf_spec.kernels.cpu_skinny_gemm`)."""
+    global _loader
+    _loader = loader
+
+
 def _kernel() -> ModuleType:
     """The loaded C++ module; RuntimeError where it is not (the caller should have asked `kernel_*` first)."""
-    from hf_spec.kernels import cpu_skinny_gemm
-
-    mod = cpu_skinny_gemm.load_kernel()
+    mod = _loader() if _loader is not None else None
     if mod is None:
         raise RuntimeError(
-            "hf-spec's C++ kernels are not loaded (disabled by HF_SPEC_NO_CPP_KERNELS or not buildable here); "
-            "call hf_spec.kernels.cpu_skinny_gemm.kernel_* for a torch fallback"
+            "hf-spec's C++ kernels are not loaded (disabled by HF_SPEC_NO_CPP_KERNELS, not buildable here, or "
+            "hf_spec.kernels.cpu_skinny_gemm not imported); call hf_spec.kernels.cpu_skinny_gemm.kernel_*, which "
+            "fall back to torch"
         )
     return mod
 
