@@ -51,7 +51,7 @@ SHAPES = {  # the configs of the real models, without their weights
                  num_key_value_heads=2, vocab_size=1000),
 }  # fmt: skip
 # compile_guess_s: a compile's seconds before one was timed; need_s: seconds kept free for the phases after the
-# compiled curve (the 1B shape's oracle runs and kernel pairs took about that on an H200 with 15 ks, 2026-11-27)
+# compiled curve (estimates: the whole 1B check took 152 s on an H200 with 15 values of k, most of it oracle runs)
 GPU = dict(context=512, new=128, ks=[2, 4, 8, 16], nodes=[0, 1, 2, 4, 8, 16, 32, 64], reps=5, kernel_nodes=64,
            widths=[1, 2, 4, 8, 16, 32, 64], compile_guess_s=60.0, need_s={"backends": 80.0, "kernels": 20.0})  # fmt: skip
 TINY = dict(context=24, new=12, ks=[2, 4], nodes=[0, 1, 2, 4], reps=1, kernel_nodes=8, widths=[1, 4],
