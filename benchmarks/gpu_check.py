@@ -1,21 +1,29 @@
-"""The GPU check: one command that measures what hf-spec's loop costs on a GPU (the 1B shape: ~2.5 min on an H200).
+"""The GPU check: one command that measures what hf-spec's loop costs on a GPU, eager and compiled.
 
     python benchmarks/gpu_check.py --out DIR [--rounds FILE ...]   # FILE: `hf-spec bench --record-rounds FILE`
     python benchmarks/gpu_check.py --out DIR --tiny       # CPU, tiny shapes, Triton's interpreter: keeps it working
 
-Random-weight targets of real shapes are built on the device (Llama-3.1-8B- and Llama-3.2-1B-shaped, bfloat16,
+Random-weight targets of real shapes are built on the device (Llama-3.2-1B- and Llama-3.1-8B-shaped, bfloat16,
 sdpa; on the meta device first, then filled there: nothing is downloaded). For each it measures and writes
 `DIR/gpu_check.json` and `DIR/gpu_check.md`:
 
-- plain `generate` tokens/s;
-- verification cost of 0, 1, 2, 4, ..., 64 tree nodes relative to one step (a one-token forward);
+- plain `generate` tokens/s, eager and compiled (transformers' static cache + `compile_config`; on CUDA
+  `reduce-overhead`), and whether the compiled greedy tokens equal the eager ones;
+- verification cost of 0, 1, 2, 4, ..., 64 tree nodes relative to one step (a one-token forward), and over a static
+  cache at 1, 2, 4, ..., 64 rows, eager and compiled (each width compiled once: the curve without launches);
 - the loop's own time a round (outside the drafter and the target's forward) and its device-to-host syncs a round
   (`torch.cuda.set_sync_debug_mode` on CUDA, host reads of tensor values on the CPU), torch and triton backends;
-- `oracle:k` speedup ceilings, k = 2..16, both backends;
+- `oracle:k` speedup ceilings, k = 2, 4, 8, 16, both backends;
 - each Triton kernel against its torch twin (milliseconds, max error) at the round's real sizes;
 - a replay of recorded rounds (`hf-spec bench --record-rounds FILE`): each method's speedup at this target's
   costs (`hf_spec.bench.rounds.replay_speedup`) and the three paper ratios (Lyanna / HASS head, HiSpec / best
-  single exit, Talon / its better half).
+  single exit, Talon / its better half), against eager `generate` and against compiled `generate` at the compiled
+  verification costs;
+- with `--compile`: `oracle:k` with `SpeculativeDecoder(..., compile=True)` against compiled `generate` (recorded
+  as not available where the installed hf-spec has no such keyword).
+
+`--budget-s` (default 570) bounds the whole run: each shape gets an equal share of the time left when it starts,
+each phase prints its seconds, and a phase (or a compiled width) that cannot fit is skipped and listed in the report.
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.gpu_compiled import sync, timed  # noqa: E402  (the repository's folder, on the path from here)
+
 SHAPES = {  # the configs of the real models, without their weights
     "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0),
@@ -40,16 +50,13 @@ SHAPES = {  # the configs of the real models, without their weights
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=1000),
 }  # fmt: skip
-GPU = dict(
-    context=512, new=128, ks=list(range(2, 17)), nodes=[0, 1, 2, 4, 8, 16, 32, 64], reps=5, kernel_nodes=64
-)
-TINY = dict(context=24, new=12, ks=[2, 4], nodes=[0, 1, 2, 4], reps=1, kernel_nodes=8)
+# compile_guess_s: a compile's seconds before one was timed; need_s: seconds kept free for the phases after the
+# compiled curve (estimates: the whole 1B check took 152 s on an H200 with 15 values of k, most of it oracle runs)
+GPU = dict(context=512, new=128, ks=[2, 4, 8, 16], nodes=[0, 1, 2, 4, 8, 16, 32, 64], reps=5, kernel_nodes=64,
+           widths=[1, 2, 4, 8, 16, 32, 64], compile_guess_s=60.0, need_s={"backends": 80.0, "kernels": 20.0})  # fmt: skip
+TINY = dict(context=24, new=12, ks=[2, 4], nodes=[0, 1, 2, 4], reps=1, kernel_nodes=8, widths=[1, 4],
+            compile_guess_s=0.0, need_s={})  # fmt: skip
 HOST_READS = ("tolist", "item", "__int__", "__float__", "__bool__")
-PAPER_CLAIMS = {  # `hf_spec.bench.rounds.paper_ratios` keys: the claim and the ratio its paper measured on GPUs
-    "lyanna_vs_hass": ("Lyanna / the HASS head", 1.2),
-    "hispec_vs_best_exit": ("HiSpec / the best single exit", 1.25),
-    "talon_vs_better_half": ("Talon's hybrid / its better half", 1.1),
-}
 
 
 def build_target(shape: str, device, dtype):
@@ -75,26 +82,6 @@ def build_target(shape: str, device, dtype):
     model.generation_config.eos_token_id = None  # random weights: every run decodes its full length
     model.generation_config.pad_token_id = 0
     return model.eval()
-
-
-def sync(device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn, device, reps: int) -> float:
-    """Median seconds of `fn()` over `reps` runs after one warm-up."""
-    fn()
-    times = []
-    for _ in range(reps):
-        sync(device)
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
 
 
 def generate_seconds(model, ids, new: int, decoder=None) -> float:
@@ -260,87 +247,10 @@ def loop_and_ceilings(model, ids, cfg: dict, backends: list[str], plain_s: float
     return out
 
 
-def kernel_pairs(model, cfg: dict) -> dict:
-    """Each Triton kernel against its torch twin at the round's sizes: median ms of each and the max error."""
-    import torch
-
-    from hf_spec.kernels.triton import draft_topk as dt
-    from hf_spec.kernels.triton import greedy_accept as ga
-    from hf_spec.kernels.triton import kv_compact as kc
-    from hf_spec.kernels.triton import sampling_accept as sa
-    from hf_spec.kernels.triton import token_info_topk as ti
-    from hf_spec.kernels.triton import tree_mask as tm
-
-    dev, conf, n, reps = model.device, model.config, cfg["kernel_nodes"], cfg["reps"]
-    g = torch.Generator().manual_seed(0)
-    parents = torch.tensor(
-        [-1] + [int(torch.randint(-1, i, (1,), generator=g)) for i in range(1, n)], device=dev
-    )
-    tokens = torch.randint(0, 50, (n,), generator=g).to(dev)
-    logits = torch.randn(n + 1, conf.vocab_size, device=dev)
-    logits[parents + 1, tokens] = 30.0  # every node is its parent's argmax: a long accepted path
-    heads, dim = conf.num_key_value_heads, conf.hidden_size // conf.num_attention_heads
-    layers = [torch.randn(1, heads, cfg["context"] + n + 1, dim, device=dev, dtype=model.dtype)
-              for _ in range(2 * conf.num_hidden_layers)]  # fmt: skip
-    keep = [0, *sorted(torch.randperm(n, generator=g)[: n // 4].add(1).tolist())]
-    rank, draft_vocab = 64, min(32000, conf.vocab_size)
-    low = torch.randn(8, rank, device=dev, dtype=model.dtype)
-    w2 = torch.randn(draft_vocab, rank, device=dev, dtype=model.dtype) / 8
-    scale = torch.full((draft_vocab,), 0.1, device=dev, dtype=model.dtype)
-    raw, valid = torch.randn(draft_vocab, device=dev), torch.ones(8, device=dev)
-    rows = torch.randn(10, conf.vocab_size, device=dev, dtype=model.dtype)
-    narrow = {w: rows[:, :w].contiguous() for w in (8192, 32000) if w < conf.vocab_size}
-
-    def seeded(fn):  # the same random numbers for both
-        generator = torch.Generator(device=dev)
-        return lambda: sa.unpack_sampling(
-            fn(logits, parents, tokens, None, generator.manual_seed(1)).tolist()
-        )
-
-    mine, theirs = [t.clone() for t in layers], [t.clone() for t in layers]  # moved in place, as often each
-    pairs = {
-        "greedy_accept": (lambda: ga.unpack_greedy(ga.greedy_accept(logits, parents, tokens).tolist(), n),
-                          lambda: ga.unpack_greedy(ga.greedy_accept_reference(logits, parents, tokens).tolist(), n)),
-        "sampling_accept": (seeded(sa.sampling_accept), seeded(sa.sampling_accept_reference)),
-        "kv_compact": (lambda: kc.kv_compact(mine, cfg["context"], keep),
-                       lambda: kc.kv_compact_reference(theirs, cfg["context"], keep)),
-        "tree_mask": (lambda: tm.tree_inputs(parents, cfg["context"], model.dtype),
-                      lambda: tm.tree_inputs_reference(parents, cfg["context"], model.dtype)),
-        "draft_topk": (lambda: dt.draft_topk(rows, 10), lambda: dt.draft_topk_reference(rows, 10)),
-        # the draft vocabularies heads decode with (vocab_limit 8192; a 32K draft vocabulary): the row's width
-        # decides between one program a row and torch's top-k
-        **{f"draft_topk@{w}": (lambda r=narrow[w]: dt.draft_topk(r, 10), lambda r=narrow[w]: dt.draft_topk_reference(r, 10))
-           for w in narrow},
-        "token_info_topk": (lambda: ti.token_info_topk(raw, 8, 8, valid, factors=(low, w2, scale)),
-                            lambda: ti.token_info_topk_reference(raw, 8, 8, valid, factors=(low, w2, scale))),
-    }  # fmt: skip
-    out = {}
-    for name, (kernel, twin) in pairs.items():
-        got, want = kernel(), twin()
-        if name == "kv_compact":
-            got, want = mine, theirs
-        out[name] = {"kernel_ms": 1e3 * timed(kernel, dev, 5 * reps), "torch_ms": 1e3 * timed(twin, dev, 5 * reps),
-                     "max_error": max_error(got, want)}  # fmt: skip
-        out[name]["speedup"] = out[name]["torch_ms"] / out[name]["kernel_ms"]
-    return out
-
-
-def max_error(a, b) -> float:
-    """Largest absolute difference between two results (nested tuples/lists of tensors or ints)."""
-    import torch
-
-    if isinstance(a, (list, tuple)) and not (a and isinstance(a[0], int)):
-        return max((max_error(x, y) for x, y in zip(a, b, strict=True)), default=0.0)
-    a, b = torch.as_tensor(a).double().cpu(), torch.as_tensor(b).double().cpu()
-    if a.shape != b.shape:
-        return float("inf")
-    finite = torch.isfinite(a) & torch.isfinite(b)
-    return float(((a - b).abs() * finite).max()) + float((torch.isfinite(a) != torch.isfinite(b)).any())
-
-
 def replay(
     paths: list[str], layer_cost: dict, lm_cost: dict, layers: int, overhead: float, token_s: float
 ) -> dict:
+    """Each recording's methods priced at these costs (`replay_speedup`) against `token_s` seconds a token."""
     from hf_spec.bench.rounds import paper_ratios, read_rounds, replay_speedup
 
     out = {}
@@ -357,82 +267,110 @@ def replay(
     return out
 
 
-def check_shape(shape: str, device, dtype, cfg: dict, backends: list[str], rounds: list[str]) -> dict:
+def check_shape(shape: str, device, dtype, cfg: dict, backends: list[str], args, budget) -> dict:
+    """Every phase for one shape, in order of what matters most; a phase that cannot start before `budget`'s share
+    for this shape (`until`) runs out is skipped and listed in `skipped`."""
     import torch
 
-    t0 = time.perf_counter()
+    from benchmarks import gpu_compiled as gc
+    from benchmarks.gpu_kernels import kernel_pairs
+
+    t0, until = time.perf_counter(), time.perf_counter() + budget.left() / args.shapes_left
     model = build_target(shape, device, dtype)
     ids = torch.randint(
         3, model.config.vocab_size, (1, cfg["context"]), generator=torch.Generator().manual_seed(0)
     )
     ids = ids.to(device)
     generate_seconds(model, ids, 4)
-    plain_s = generate_seconds(model, ids, cfg["new"])
-    forward, head = verification_costs(model, ids, cfg["nodes"], cfg["reps"])
-    one = forward[1]
-    layer = {q: max(forward[q] - head[q], 0.0) / model.config.num_hidden_layers for q in forward}
-    nine = forward[min(9, max(forward))]  # an oracle:8 verification
-    loop = loop_and_ceilings(model, ids, cfg, backends, plain_s, nine)
-    result = {
-        "shape": shape, "params_b": sum(p.numel() for p in model.parameters()) / 1e9,
-        "plain_tokens_per_s": cfg["new"] / plain_s,
-        "verify_ms": {q - 1: 1e3 * s for q, s in forward.items()},
-        "verify_relative": {q - 1: s / one for q, s in forward.items()},
-        "lm_head_ms": {q: 1e3 * s for q, s in head.items()},
-        "backends": loop,
-    }  # fmt: skip
-    if "triton" in backends:
-        result["kernels"] = kernel_pairs(model, cfg)
-    if rounds:
-        overhead = loop[backends[-1]]["loop_ms_per_round"] / 1e3
-        result["replay"] = replay(
-            rounds, layer, head, model.config.num_hidden_layers, overhead, plain_s / cfg["new"]
+    plain_s, eager_tokens = gc.generate_tokens(model, ids, cfg["new"])
+    result = {"shape": shape, "params_b": sum(p.numel() for p in model.parameters()) / 1e9,
+              "plain_tokens_per_s": cfg["new"] / plain_s, "phase_seconds": {"build and plain": time.perf_counter() - t0},
+              "skipped": []}  # fmt: skip
+
+    def phase(name: str, need_s: float, fn, *fn_args):
+        """Run `fn(*fn_args)` into `result[name]` if `need_s` seconds fit before `until`; errors are recorded."""
+        if not budget.allows(need_s, until):
+            result["skipped"].append(name)
+            return None
+        start = time.perf_counter()
+        try:
+            result[name] = fn(*fn_args)
+        except Exception as e:  # a failed row is reported, the check goes on
+            first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+            result[name] = {"error": f"{type(e).__name__}: {first}"}
+        result["phase_seconds"][name] = time.perf_counter() - start
+        print(f"{shape} {name}: {result['phase_seconds'][name]:.1f} s", flush=True)
+        args.save(result)  # a run killed later keeps this phase
+        return result[name]
+
+    compiled = phase(
+        "compiled_generate",
+        budget.compile_guess_s,
+        gc.compiled_generate,
+        model,
+        ids,
+        cfg["new"],
+        eager_tokens,
+    )
+    if compiled and "first_call_s" in compiled:
+        budget.saw_compile(compiled["first_call_s"])
+    costs = phase("verify", 0.0, verification_costs, model, ids, cfg["nodes"], cfg["reps"])
+    forward, head = costs if isinstance(costs, tuple) else ({}, {})
+    if forward:
+        one = forward[1]
+        result["verify_ms"] = {q - 1: 1e3 * s for q, s in forward.items()}
+        result["verify_relative"] = {q - 1: s / one for q, s in forward.items()}
+        result["lm_head_ms"] = {q: 1e3 * s for q, s in head.items()}
+    else:  # the phases priced with the eager curve cannot run without it
+        result["skipped"] += [
+            "backends",
+            *(["kernels"] if "triton" in backends else []),
+            *(["replay"] if args.rounds else []),
+        ]
+    result.pop("verify", None)
+    widths, reps, need = cfg["widths"], cfg["reps"] + 1, cfg["need_s"]
+    # the compiled widths stop in time for the ceilings and kernel pairs
+    reserve = need.get("backends", 0.0) + need.get("kernels", 0.0) if forward else 0.0
+    static = phase("verify_static", budget.compile_guess_s + reserve, gc.static_verification_costs, model, ids,
+                   widths, reps, budget, until - reserve)  # fmt: skip
+    if forward:
+        nine = forward[min(9, max(forward))]  # an oracle:8 verification
+        loop = phase("backends", need.get("backends", 0.0), loop_and_ceilings, model, ids, cfg, backends, plain_s,
+                     nine)  # fmt: skip
+        if "triton" in backends:
+            phase("kernels", need.get("kernels", 0.0), kernel_pairs, model, cfg)
+        if args.rounds and loop and "error" not in loop:
+            layers = model.config.num_hidden_layers
+            overhead = loop[backends[-1]]["loop_ms_per_round"] / 1e3
+            layer = {q: max(forward[q] - head[q], 0.0) / layers for q in forward}
+            phase("replay", 0.0, replay, args.rounds, layer, head, layers, overhead, plain_s / cfg["new"])
+            if static and static.get("compiled") and compiled and "tokens_per_s" in compiled:
+                # a compiled round pads its tree to the next width; the LM head's rows cost what they cost eager
+                from hf_spec.bench.rounds import interpolate
+
+                bucket = gc.bucketed(static["compiled"], max(cfg["widths"]))
+                layer_c = {q: max(s - interpolate(head, q), 0.0) / layers for q, s in bucket.items()}
+                token_s = 1 / compiled["tokens_per_s"]
+                phase("replay_compiled", 0.0, replay, args.rounds, layer_c, head, layers, overhead, token_s)
+    if args.compile and compiled and "tokens_per_s" in compiled:
+        reference = torch.cat([ids, torch.tensor([eager_tokens], device=device)], dim=1)
+        seconds = cfg["new"] / compiled["tokens_per_s"]
+        phase(
+            "compiled_speculative",
+            0.0,
+            gc.compiled_speculative,
+            model,
+            ids,
+            cfg["ks"],
+            cfg["new"],
+            reference,
+            seconds,
         )
     result["seconds"] = time.perf_counter() - t0
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return result
-
-
-def markdown(report: dict) -> str:
-    """The report as markdown tables, one section a shape."""
-    from hf_spec.bench.plots import short_label
-
-    lines = [f"# GPU check: {report['device']}", "", f"torch {report['torch']}, dtype {report['dtype']}", ""]
-    for r in report["shapes"]:
-        lines += [f"## {r['shape']} ({r['params_b']:.2f}B parameters, random weights)", "",
-                  f"plain `generate`: {r['plain_tokens_per_s']:.1f} tokens/s", "",
-                  "| tree nodes | " + " | ".join(map(str, r["verify_relative"])) + " |",
-                  "|---|" + "---|" * len(r["verify_relative"]),
-                  "| cost / one step | " + " | ".join(f"{v:.2f}" for v in r["verify_relative"].values()) + " |", "",
-                  "| backend | loop ms/round | share of a 9-token verification | syncs/round | oracle:k speedup |",
-                  "|---|---|---|---|---|"]  # fmt: skip
-        for name, b in r["backends"].items():
-            ks = ", ".join(f"{k}: {s:.2f}x" for k, s in b["oracle_speedup"].items())
-            lines.append(f"| {name} | {b['loop_ms_per_round']:.3f} | {b['loop_share_of_verification']:.1%} | "
-                         f"{b['syncs_per_round']:.2f} | {ks} |")  # fmt: skip
-        if "kernels" in r:
-            lines += [
-                "",
-                "| kernel | Triton ms | torch twin ms | speedup | max error |",
-                "|---|---|---|---|---|",
-            ]
-            lines += [f"| {k} | {v['kernel_ms']:.3f} | {v['torch_ms']:.3f} | {v['speedup']:.2f}x | {v['max_error']:.2g} |"
-                      for k, v in r["kernels"].items()]  # fmt: skip
-        for file, rep in r.get("replay", {}).items():
-            where = rep["recorded_machine"].get("cpu", "")
-            lines += ["", f"Replay of `{file}` (rounds of {rep['recorded_on']}, recorded on {where or 'a CPU'}):",
-                      "", "| method | tau | speedup at these costs |", "|---|---|---|"]  # fmt: skip
-            target = Path(rep["recorded_on"]).name
-            for name, m in rep["methods"].items():
-                speed = f"{m['speedup']:.2f}x" if m["speedup"] else "n/a"
-                lines.append(f"| {short_label(name, target)} | {m['tau'] or 0:.2f} | {speed} |")
-            lines += ["", "| paper claim | measured there | ratio here |", "|---|---|---|"]
-            lines += [f"| {PAPER_CLAIMS[k][0]} | >= {PAPER_CLAIMS[k][1]}x | {f'{v:.2f}x' if v else 'n/a'} |"
-                      for k, v in rep["ratios"].items()]  # fmt: skip
-        lines.append("")
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -442,9 +380,16 @@ def main(argv: list[str] | None = None) -> int:
         "--rounds", nargs="*", default=[], help="`hf-spec bench --record-rounds` files to replay"
     )
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (a CPU check that the script works)")
-    parser.add_argument("--shapes", default=None, help="comma list of 8b, 1b, tiny (default: 8b,1b; tiny)")
+    parser.add_argument("--shapes", default=None, help="comma list of 8b, 1b, tiny (default: 1b,8b; tiny)")
+    parser.add_argument("--budget-s", type=float, default=570.0,
+                        help="seconds for the whole run; phases that cannot fit are skipped and listed")  # fmt: skip
+    parser.add_argument("--compile", action="store_true",
+                        help="also run oracle:k with SpeculativeDecoder(..., compile=True), where it exists")  # fmt: skip
     args = parser.parse_args(argv)
     import torch
+
+    from benchmarks import gpu_compiled as gc
+    from benchmarks.gpu_report import markdown
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if (
@@ -454,18 +399,33 @@ def main(argv: list[str] | None = None) -> int:
     from hf_spec.engine.backend import triton_available
 
     cfg = TINY if args.tiny else GPU
-    shapes = (args.shapes or ("tiny" if args.tiny else "8b,1b")).split(",")
+    budget = gc.Budget(args.budget_s, cfg["compile_guess_s"])
+    shapes = (args.shapes or ("tiny" if args.tiny else "1b,8b")).split(",")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     backends = ["torch", "triton"] if triton_available() else ["torch"]
     report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "torch": torch.__version__, "dtype": str(dtype).removeprefix("torch."), "shapes": []}  # fmt: skip
+              "torch": torch.__version__, "dtype": str(dtype).removeprefix("torch."), "budget_s": args.budget_s,
+              "compile": args.compile, "shapes": [], "skipped_shapes": []}  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for shape in shapes:  # the report is written after each shape: a run cut short keeps what it measured
-        report["shapes"].append(check_shape(shape, device, dtype, cfg, backends, args.rounds))
+
+    def save(partial: dict | None = None) -> None:
+        """Write the report so far (with the shape being measured): a run cut short keeps what it measured."""
+        done = {**report, "shapes": report["shapes"] + ([partial] if partial else [])}
+        (out / "gpu_check.json").write_text(json.dumps(done, indent=1))
+        (out / "gpu_check.md").write_text(markdown(done))
+
+    args.save = save
+    for i, shape in enumerate(shapes):
+        if budget.left() <= 0:
+            report["skipped_shapes"].append(shape)
+            continue
+        args.shapes_left = len(shapes) - i
+        with gc.allow_recompiles():
+            report["shapes"].append(check_shape(shape, device, dtype, cfg, backends, args, budget))
         print(f"{shape}: {report['shapes'][-1]['seconds']:.0f} s", flush=True)
-        (out / "gpu_check.json").write_text(json.dumps(report, indent=1))
-        (out / "gpu_check.md").write_text(markdown(report))
+        save()
+    save()
     print(markdown(report))
     return 0
 

@@ -4,7 +4,8 @@
 # (benchmarks/gpu_train_check.py: capture with DOCS_PER_FORWARD documents a forward, default 1 then 8, EAGLE-3 and HASS
 # training timed, the heads lossless on the GPU); the CUDA
 # tests (tests/test_cuda.py: every method lossless on CUDA with both backends, sampling chi-square); then
-# benchmarks/gpu_check.py (1B- then 8B-shaped random-weight targets; CHECK_S=0 skips it). Each step has its own
+# benchmarks/gpu_check.py (1B- then 8B-shaped random-weight targets, eager and compiled, within CHECK_S less 30 s;
+# CHECK_S=0 skips it). Each step has its own
 # time limit (TRAIN_S, TEST_S, CHECK_S seconds) so a slow one cannot starve the next.
 #   scripts/gpu_session.sh [OUT]
 set -u
@@ -28,10 +29,12 @@ if [ -n "${TRAIN_CORPUS:-}" ]; then
         --docs-per-forward "${DOCS_PER_FORWARD:-1,8}" > "$OUT/train_check.log" 2>&1
     echo "train check: rc $?"; tail -n 25 "$OUT/train_check.log"
 fi
-timeout "${TEST_S:-240}" python -m pytest -v -p no:cacheprovider -m gpu tests/test_cuda.py --durations=15 \
+timeout "${TEST_S:-240}" python -m pytest -v -p no:cacheprovider -m gpu tests/test_cuda.py tests/test_custom_ops.py --durations=15 \
     > "$OUT/test_cuda.txt" 2>&1
 echo "tests: rc $?"; tail -n 25 "$OUT/test_cuda.txt"
-[ "${CHECK_S:-300}" = 0 ] && exit 0
-timeout "${CHECK_S:-300}" python benchmarks/gpu_check.py --out "$OUT/gpu-check" --shapes 1b,8b \
-    --rounds benchmarks/results/rounds/qwen2.5-coder-0.5b-instruct.json > "$OUT/gpu_check.log" 2>&1
+CHECK_S=${CHECK_S:-600}
+[ "$CHECK_S" = 0 ] && exit 0
+timeout "$CHECK_S" python benchmarks/gpu_check.py --out "$OUT/gpu-check" --shapes 1b,8b \
+    --budget-s "$((CHECK_S - 30))" --rounds benchmarks/results/rounds/qwen2.5-coder-0.5b-instruct.json \
+    > "$OUT/gpu_check.log" 2>&1
 echo "gpu check: rc $?"; tail -n 60 "$OUT/gpu_check.log"

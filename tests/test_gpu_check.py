@@ -179,11 +179,14 @@ def test_replay_prices_rounds():
 
 
 def test_gpu_check_tiny_runs_on_the_cpu(recording, tmp_path, monkeypatch):
-    """Every section of the GPU check on tiny shapes, both backends (the triton one under the interpreter)."""
+    """Every section of the GPU check on tiny shapes, both backends (the triton one under the interpreter), and the
+    compiled rows with inductor on the CPU."""
     pytest.importorskip("triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     gpu_check = load_gpu_check()
-    assert gpu_check.main(["--out", str(tmp_path), "--tiny", "--rounds", str(recording)]) == 0
+    # a budget no CPU run reaches: every phase runs however busy the machine is
+    argv = ["--out", str(tmp_path), "--tiny", "--rounds", str(recording), "--budget-s", "36000"]
+    assert gpu_check.main(argv) == 0
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     (shape,) = report["shapes"]
     assert shape["plain_tokens_per_s"] > 0 and shape["verify_relative"]["0"] == 1.0
@@ -201,3 +204,51 @@ def test_gpu_check_tiny_runs_on_the_cpu(recording, tmp_path, monkeypatch):
     assert set(ratios) == {"lyanna_vs_hass", "hispec_vs_best_exit", "talon_vs_better_half"}
     assert "| greedy_accept |" in (tmp_path / "gpu_check.md").read_text()
     assert "HF_SPEC_BACKEND" not in os.environ and "gpu_check" not in sys.modules
+    # the compiled rows: transformers' compiled static-cache generate and the static-cache verification curve
+    compiled = shape["compiled_generate"]
+    assert compiled["tokens_per_s"] > 0 and compiled["first_call_s"] > 0, compiled
+    assert compiled["same_tokens_as_eager"] and compiled["first_difference"] is None
+    static = shape["verify_static"]
+    assert set(static["compiled"]) == set(static["eager"]) == {"1", "4"} and not static["skipped_widths"]
+    assert all(s > 0 for kind in ("eager", "compiled", "compile_s") for s in static[kind].values()), static
+    assert set(shape["replay_compiled"][recording.name]["methods"]) == set(replayed)
+    assert all(m["speedup"] > 0 for m in shape["replay_compiled"][recording.name]["methods"].values())
+    assert not shape["skipped"] and not report["skipped_shapes"]
+    assert {"compiled_generate", "verify_static", "backends", "replay_compiled"} <= set(
+        shape["phase_seconds"]
+    )
+    text = (tmp_path / "gpu_check.md").read_text()
+    assert "compiled `generate` (static cache, `default`)" in text and "| compiled ms |" in text
+
+
+def test_gpu_check_budget_skips_phases_and_compile_hook_reports(tmp_path, monkeypatch):
+    """A spent budget skips every timed phase and says so; `--compile` records whether a compiled speculative
+    decoder exists in this hf-spec (and, where it does, that it gives plain `generate`'s tokens)."""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    gpu_check = load_gpu_check()
+    from benchmarks import gpu_compiled
+
+    spent = ["--out", str(tmp_path / "spent"), "--tiny", "--budget-s", "0"]
+    assert gpu_check.main(spent) == 0
+    assert json.loads((tmp_path / "spent" / "gpu_check.json").read_text())["skipped_shapes"] == ["tiny"]
+    monkeypatch.setattr(gpu_compiled.Budget, "allows", lambda self, need_s, until=None: False)
+    assert gpu_check.main(["--out", str(tmp_path / "none"), "--tiny", "--compile"]) == 0
+    (shape,) = json.loads((tmp_path / "none" / "gpu_check.json").read_text())["shapes"]
+    assert shape["plain_tokens_per_s"] > 0
+    assert {"compiled_generate", "verify", "verify_static", "backends"} <= set(shape["skipped"])
+    assert "Skipped (time budget): compiled_generate" in (tmp_path / "none" / "gpu_check.md").read_text()
+    monkeypatch.undo()
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from tests.conftest import make_tiny_model, prompt_ids
+
+    model, ids = make_tiny_model("llama"), prompt_ids(12)
+    reference = model.generate(ids, max_new_tokens=8, do_sample=False)
+    row = gpu_compiled.compiled_speculative(model, ids, [2], 8, reference, compiled_s=1.0)
+    if not gpu_compiled.decoder_takes_compile():
+        assert row == {
+            "available": False,
+            "reason": "SpeculativeDecoder has no compile keyword in this hf-spec",
+        }
+    else:
+        assert row["available"] and row["same_tokens"] == {2: True} and row["oracle_speedup"][2] > 0

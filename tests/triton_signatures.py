@@ -54,6 +54,8 @@ def kernel_signatures():
     table = {"table_ptr": "*i64", "num_tensors": i32, "num_keep": i32, "past": i32, "heads": i32}
     strides = {"stride_b": i64, "stride_h": i64, "stride_s": i64, "dim": i32}
     yield kc._compact, {**table, **strides}, {"DTYPE": tl.bfloat16, "BLOCK_D": 128}
+    one = {"t_ptr": "*bf16", "keep_ptr": "*i64", "num_keep": i32, "past": i32, "heads": i32}
+    yield kc._compact_one, {**one, **strides}, {"BLOCK_D": 128}
     topk = {"logits_ptr": "*bf16", **rows, "values_ptr": "*fp32", "indices_ptr": "*i64"}
     yield dt._draft_topk, topk, {"K": 8, "BLOCK": dt.BLOCK}
     info = {"raw_ptr": "*fp32", "cols_n": i32, "bias_ptr": "*bf16", "stride_bias": i32, "low_ptr": "*bf16"}

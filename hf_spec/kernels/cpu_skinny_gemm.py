@@ -13,6 +13,11 @@ Built on first use with `torch.utils.cpp_extension.load` (a C++ compiler and nin
 under `HF_SPEC_KERNEL_CACHE` named after a hash of the sources and flags, so an edited source builds afresh and an
 unchanged one is loaded. Any failure to build or load logs one warning and the kernels stay off for the process;
 `HF_SPEC_NO_CPP_KERNELS=1` turns them off.
+
+The kernels run as torch custom operators (`hf_spec.kernels.ops`, `torch.ops.hf_spec.*`), so `torch.compile` graphs
+call them as single nodes. Whether one applies is decided here, before the call, on what is static in a compiled
+graph: shapes, dtypes, contiguity and the kernel's state (`kernel_state`, which a compiled graph reads once, when it
+is traced: a graph keeps the decision it was compiled with).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from hf_spec.core import envs
+from hf_spec.kernels import ops
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +55,7 @@ _lock = threading.Lock()
 _module: ModuleType | None = None
 _tried = False
 _best_isa = ISA_SCALAR  # best code path of this CPU, set by load_kernel
+_vnni = _bf16 = False  # AVX512-VNNI / AVX512-BF16 paths of this CPU, set by load_kernel
 compile_seconds: float | None = None  # wall time of this process's build-or-load, for reports
 _F32, _STRIDED = torch.float32, torch.strided
 
@@ -117,7 +124,7 @@ def _compile() -> ModuleType:
 def load_kernel() -> ModuleType | None:
     """The compiled module (built or loaded on the first call in a process), or None when it is disabled
     (`HF_SPEC_NO_CPP_KERNELS=1`) or cannot be built (then one warning is logged and callers use torch)."""
-    global _module, _tried, _best_isa, compile_seconds
+    global _module, _tried, _best_isa, _vnni, _bf16, compile_seconds
     if kernels_disabled():
         return None
     if _tried:
@@ -128,6 +135,7 @@ def load_kernel() -> ModuleType | None:
             try:
                 _module = _compile()
                 _best_isa = _module.best_isa()
+                _vnni, _bf16 = bool(_module.has_vnni()), bool(_module.has_bf16())
             except Exception as e:  # no compiler, no ninja, not x86, bad flags: all mean "use F.linear"
                 lines = str(e).strip().splitlines()
                 logger.warning(
@@ -141,6 +149,9 @@ def load_kernel() -> ModuleType | None:
     return _module
 
 
+ops.set_loader(lambda: load_kernel())  # looked up at each call: a patched `load_kernel` applies
+
+
 def _reset_for_tests() -> None:
     """Forget the load attempt, so the next `load_kernel` tries again."""
     global _module, _tried
@@ -150,7 +161,7 @@ def _reset_for_tests() -> None:
 
 def _plain(t: torch.Tensor, dtype: torch.dtype) -> bool:
     """A contiguous strided CPU tensor of `dtype`: what the kernel reads through a raw pointer."""
-    return t.dtype is dtype and t.is_cpu and t.layout is _STRIDED and t.is_contiguous()
+    return t.dtype is dtype and t.device.type == "cpu" and t.layout is _STRIDED and t.is_contiguous()
 
 
 def _rows(x: torch.Tensor) -> int:
@@ -161,11 +172,26 @@ def _rows(x: torch.Tensor) -> int:
     return rows if MIN_ROWS <= rows <= MAX_ROWS else 0
 
 
-def _usable_kernel(isa: int) -> ModuleType | None:
-    mod = load_kernel()
-    if mod is None or (isa == ISA_AUTO and _best_isa < ISA_AVX2):
-        return None  # the plain C++ path is for tests: on a CPU without AVX2, MKL's F.linear is faster
-    return mod
+@torch.compiler.assume_constant_result
+def kernel_state() -> tuple[bool, int, bool, bool]:
+    """`(loaded, best ISA, AVX512-VNNI, AVX512-BF16)` of the kernel in this process (loading it on the first call;
+    not loaded where `HF_SPEC_NO_CPP_KERNELS=1` or it cannot be built). Eager callers read it afresh on every call;
+    `torch.compile` reads it once, when it traces a graph, and keeps the answer in that graph."""
+    if load_kernel() is None:
+        return False, ISA_SCALAR, False, False
+    return True, _best_isa, _vnni, _bf16
+
+
+def _usable(isa: int) -> bool:
+    """The kernel is loaded and worth running at `isa` (ISA_AUTO: only where the CPU has AVX2 or better; the plain
+    C++ path is for tests: on a CPU without AVX2, MKL's F.linear is faster)."""
+    loaded, best, _, _ = kernel_state()
+    return loaded and (isa != ISA_AUTO or best >= ISA_AVX2)
+
+
+def _no_grad_needed(*tensors: torch.Tensor | None) -> bool:
+    """No autograd graph is wanted through the kernel (the custom operators have no backward)."""
+    return not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in tensors)
 
 
 def kernel_linear(
@@ -181,18 +207,9 @@ def kernel_linear(
         return None
     if bias is not None and (not _plain(bias, _F32) or bias.shape != (n,)):
         return None
-    if torch.is_grad_enabled() and (
-        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
-    ):
+    if not _no_grad_needed(x, weight, bias) or not _usable(isa):
         return None
-    mod = _usable_kernel(isa)
-    if mod is None:
-        return None
-    y = torch.empty(*x.shape[:-1], n, dtype=_F32)
-    mod.gemm(
-        x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), y.data_ptr(), rows, n, k, isa
-    )
-    return y
+    return ops.skinny_gemm(x, weight, bias, isa)
 
 
 def kernel_linear_int8(
@@ -206,20 +223,15 @@ def kernel_linear_int8(
     k, n = x.shape[-1], q.shape[0]
     if not n or q.shape[1] != k or not _plain(q, torch.int8):
         return None
-    if not _plain(scale, _F32) or scale.shape != (n,) or (torch.is_grad_enabled() and x.requires_grad):
+    if not _plain(scale, _F32) or scale.shape != (n,) or not _no_grad_needed(x) or not _usable(isa):
         return None
-    mod = _usable_kernel(isa)
-    if mod is None:
-        return None
-    y = torch.empty(*x.shape[:-1], n, dtype=_F32)
-    mod.gemm_i8(x.data_ptr(), q.data_ptr(), scale.data_ptr(), y.data_ptr(), rows, n, k, isa)
-    return y
+    return ops.skinny_gemm_int8(x, q, scale, isa)
 
 
 def has_vnni() -> bool:
     """Whether this CPU runs `kernel_linear_u8s8` (AVX-512 F, BW and VNNI) and the kernel is loaded."""
-    mod = _usable_kernel(ISA_AUTO)
-    return mod is not None and _best_isa >= ISA_AVX512 and bool(mod.has_vnni())
+    _, best, vnni, _ = kernel_state()
+    return _usable(ISA_AUTO) and best >= ISA_AVX512 and vnni
 
 
 def kernel_linear_u8s8(
@@ -237,11 +249,7 @@ def kernel_linear_u8s8(
         return None
     if not _plain(qsum, torch.int32) or qsum.shape != (n,):
         return None
-    y = torch.empty(m, n, dtype=_F32)
-    load_kernel().gemm_u8s8(
-        xu.data_ptr(), xs.data_ptr(), q.data_ptr(), qsum.data_ptr(), scale.data_ptr(), y.data_ptr(), m, n, k
-    )
-    return y
+    return ops.skinny_gemm_u8s8(xu, xs, q, qsum, scale)
 
 
 def kernel_linear_w8a8(
@@ -262,19 +270,15 @@ def kernel_linear_w8a8(
         or scale.shape != (n,)
     ):
         return None
-    if not _plain(qsum, torch.int32) or qsum.shape != (n,) or (torch.is_grad_enabled() and x.requires_grad):
+    if not _plain(qsum, torch.int32) or qsum.shape != (n,) or not _no_grad_needed(x):
         return None
-    y = torch.empty(*x.shape[:-1], n, dtype=_F32)
-    load_kernel().gemm_w8a8(
-        x.data_ptr(), q.data_ptr(), qsum.data_ptr(), scale.data_ptr(), y.data_ptr(), rows, n, k
-    )
-    return y
+    return ops.skinny_gemm_w8a8(x, q, qsum, scale)
 
 
 def has_bf16() -> bool:
     """Whether this CPU runs `kernel_linear_bf16` on its AVX512-BF16 path and the kernel is loaded."""
-    mod = _usable_kernel(ISA_AUTO)
-    return mod is not None and _best_isa >= ISA_AVX512 and bool(mod.has_bf16())
+    _, best, _, bf16 = kernel_state()
+    return _usable(ISA_AUTO) and best >= ISA_AVX512 and bf16
 
 
 def kernel_linear_bf16(
@@ -294,23 +298,11 @@ def kernel_linear_bf16(
         or not _plain(weight, torch.bfloat16)
     ):
         return None
-    if bias is not None and (bias.shape != (n,) or not bias.is_cpu):
+    if bias is not None and (bias.shape != (n,) or bias.device.type != "cpu"):
         return None
-    if torch.is_grad_enabled() and (
-        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
-    ):
+    if not _no_grad_needed(x, weight, bias) or (isa == ISA_AUTO and not has_bf16()) or not _usable(isa):
         return None
-    if isa == ISA_AUTO and not has_bf16():
-        return None
-    mod = _usable_kernel(isa)
-    if mod is None:
-        return None
-    b32 = None if bias is None else bias.to(_F32).contiguous()
-    y = torch.empty(*x.shape[:-1], n, dtype=_F32)
-    mod.gemm_bf16(
-        x.data_ptr(), weight.data_ptr(), 0 if b32 is None else b32.data_ptr(), y.data_ptr(), rows, n, k, isa
-    )
-    return y.to(torch.bfloat16)
+    return ops.skinny_gemm_bf16(x, weight, bias, isa)
 
 
 def kernel_select_within(
@@ -334,12 +326,9 @@ def kernel_select_within(
         or any(t.shape != (n,) for t in tensors[4:])
     ):
         return None
-    mod = _usable_kernel(ISA_AUTO)
-    if mod is None:
+    if not _usable(ISA_AUTO):
         return None
-    keep = torch.empty(n, dtype=torch.uint8)
-    mod.select_within(*(t.data_ptr() for t in tensors), keep.data_ptr(), m, n)
-    return keep.bool()
+    return ops.select_within(*tensors)
 
 
 def skinny_gemm(

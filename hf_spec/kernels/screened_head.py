@@ -248,7 +248,8 @@ def screening_applies(model: nn.Module, do_sample: bool, has_processors: bool, r
 
 
 def _screened_forward(self: nn.Linear, x: torch.Tensor, owner: int = 0) -> torch.Tensor:
-    if threading.get_ident() == owner and not torch.is_grad_enabled():
+    # a compiled graph gets the full head: the screen's candidates are a data-dependent number of rows
+    if not torch.compiler.is_compiling() and threading.get_ident() == owner and not torch.is_grad_enabled():
         out = screen_for(self).top1_logits(x)
         if out is not None:
             return out
@@ -259,7 +260,7 @@ def _screened_forward(self: nn.Linear, x: torch.Tensor, owner: int = 0) -> torch
 def screened_lm_head(model: nn.Module, enabled: bool = True) -> Iterator[None]:
     """Inside the block the model's LM head returns `Int8Screen.top1_logits` for 1..`max_screened_rows()` rows
     (caller checked `screening_applies`); other row counts, and calls from other threads (an asynchronous
-    drafter's), get the full head (by `skinny_linear`)."""
+    drafter's), and forwards traced by `torch.compile`, get the full head (by `skinny_linear`)."""
     head = model.get_output_embeddings() if enabled else None
     if head is None or "forward" in head.__dict__:
         yield

@@ -16,6 +16,10 @@ Each decision is timed once per torch thread count (and dtype) and remembered fo
 `F.linear`'s values up to the order of the fp32 sums (bfloat16: the same fp32 sums rounded once to bfloat16, as
 torch's are). hf-spec's loop never uses this for its own one-token steps (plain decoding stays `generate`'s), only
 drafters do; nothing changes outside `fast_linears`.
+
+Under `torch.compile` every decision is read once, when a graph is traced (`_decided`; a decision not yet measured
+is measured then), and the graph keeps it: the kernels run as custom operators (`hf_spec.kernels.ops`), so a
+compiled forward through `skinny_linear` has no graph break.
 """
 
 from __future__ import annotations
@@ -57,7 +61,11 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
             y = cpu_skinny_gemm.kernel_linear(x, weight, bias)
             if y is not None:
                 return y
-        if (FEW_ROWS if bf16 else MIN_ROWS) <= rows <= MAX_ROWS and x.is_cpu and mm_trick_pays(x.dtype, rows):
+        if (
+            (FEW_ROWS if bf16 else MIN_ROWS) <= rows <= MAX_ROWS
+            and x.device.type == "cpu"
+            and mm_trick_pays(x.dtype, rows)
+        ):
             y = torch.mm(weight, x.reshape(rows, x.shape[-1]).t()).t()
             if bias is not None:
                 y = y + bias
@@ -76,6 +84,10 @@ def one_row_kernel_pays() -> bool:
     """Whether the kernel beats `F.linear` on one row of x here (BLAS GEMV is fast on some CPUs, not on others):
     measured once per torch thread count (~0.5 s, `_streamed_weights`); `HF_SPEC_ONE_ROW_KERNEL=1` / `0` forces
     it."""
+    return _decided("one_row") if torch.compiler.is_compiling() else _one_row_kernel_pays()
+
+
+def _one_row_kernel_pays() -> bool:
     forced = envs.HF_SPEC_ONE_ROW_KERNEL
     if forced is not None:
         return forced
@@ -87,6 +99,10 @@ def bf16_kernel_rows() -> int:
     timed at `BF16_SAMPLE_ROWS`, fewest first, until it loses (CPUs with AMX tiles run torch's `(W @ x.T).T` faster
     from a few rows); measured once per torch thread count (~0.3 s a sample, `_streamed_weights`);
     `HF_SPEC_BF16_KERNEL=1` / `0` forces all of 1..`BF16_MAX_ROWS` / none."""
+    return _decided("bf16_rows") if torch.compiler.is_compiling() else _bf16_kernel_rows()
+
+
+def _bf16_kernel_rows() -> int:
     forced = envs.HF_SPEC_BF16_KERNEL
     if forced is not None:
         return BF16_MAX_ROWS if forced else 0
@@ -107,12 +123,27 @@ def mm_trick_pays(dtype: torch.dtype, rows: int = MIN_ROWS) -> bool:
     """Whether `(W @ x.T).T` beats `F.linear` on `rows` rows of `dtype` here: measured once per torch thread count,
     dtype and row class (9 rows for `MIN_ROWS`..`MAX_ROWS`, 4 for fewer; ~0.5 s, `_streamed_weights`);
     `HF_SPEC_MM_TRICK=1` / `0` forces it."""
+    many = bool(rows >= MIN_ROWS)  # a plain bool also where rows is symbolic in a compiled graph
+    return _decided("mm_trick", dtype, many) if torch.compiler.is_compiling() else _mm_trick_pays(dtype, many)
+
+
+def _mm_trick_pays(dtype: torch.dtype, many: bool) -> bool:
     forced = envs.HF_SPEC_MM_TRICK
     if forced is not None:
         return forced
-    many = rows >= MIN_ROWS
     key = (torch.get_num_threads(), dtype, many)
     return _remembered(_mm_trick, key, lambda: _measure_mm_trick(dtype, 9 if many else 4))
+
+
+@torch.compiler.assume_constant_result
+def _decided(name: str, dtype: torch.dtype = torch.float32, many: bool = True) -> bool | int:
+    """A decision as eager calls make it (`one_row`, `bf16_rows`, or `mm_trick` for `dtype` and a row class), made
+    when `torch.compile` traces a graph and kept in that graph as a constant."""
+    if name == "one_row":
+        return _one_row_kernel_pays()
+    if name == "bf16_rows":
+        return _bf16_kernel_rows()
+    return _mm_trick_pays(dtype, many)
 
 
 def _remembered(decisions: dict, key, measure: Callable[[], bool]) -> bool:

@@ -10,6 +10,9 @@ compare it with):
 - `draft_topk`: log-softmax + top-k of a draft head's rows (EAGLE's draft vocabulary);
 - `token_info_topk`: Lyanna's level logits + low-rank token-info bias -> log-softmax + top-k children.
 
+Each kernel's launches run as a torch custom operator (`torch.ops.hf_spec.*`, defined by `op.kernel_op`: a
+`torch.library.triton_op` on CUDA), so compiled graphs call them without a graph break.
+
 These modules import triton: only the triton backend imports them, never the CPU path. On CPU tensors they run
 under Triton's interpreter (`TRITON_INTERPRET=1`, set before triton is imported), which is how CI checks them.
 """

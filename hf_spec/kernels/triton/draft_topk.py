@@ -4,7 +4,8 @@
                                                                         lower index first
 
 One program a row: one pass for the row's log-sum-exp, then k passes, each taking the largest entry ordered after
-the one taken before (value descending, index ascending), so nothing is sorted or stored but the k results.
+the one taken before (value descending, index ascending), so nothing is sorted or stored but the k results. The
+launch runs as the custom operator `torch.ops.hf_spec.draft_topk` (`hf_spec.kernels.triton.op`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from hf_spec.kernels.triton.op import kernel_op, wrap_triton
 
 BLOCK = 1024
 NO_INDEX = tl.constexpr(2147483647)
@@ -73,15 +76,26 @@ def draft_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
     Args:
         logits: `(rows, vocab)`, any float dtype; `k <= vocab`.
     """
-    rows, vocab = logits.shape
+    vocab = logits.shape[1]
     if not 0 < k <= vocab:
         raise ValueError(f"draft_topk needs 0 < k <= vocab ({vocab}), got k={k}")
+    return _draft_topk_op(logits, k)
+
+
+def _topk_like(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty `(values, indices)` `(rows, k)`, float32 and int64 (the fake)."""
+    rows = logits.shape[0]
+    return logits.new_empty((rows, k), dtype=torch.float32), logits.new_empty((rows, k), dtype=torch.long)
+
+
+@kernel_op("draft_topk", (_draft_topk,), _topk_like)
+def _draft_topk_op(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    rows, vocab = logits.shape
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
-    values = torch.empty(rows, k, dtype=torch.float32, device=logits.device)
-    indices = torch.empty(rows, k, dtype=torch.long, device=logits.device)
+    values, indices = _topk_like(logits, k)
     if rows:
-        _draft_topk[(rows,)](logits, logits.stride(0), vocab, values, indices, K=k, BLOCK=BLOCK)
+        wrap_triton(_draft_topk)[(rows,)](logits, logits.stride(0), vocab, values, indices, K=k, BLOCK=BLOCK)
     return values, indices
 
 

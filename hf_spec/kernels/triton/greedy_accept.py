@@ -7,10 +7,12 @@
 
 Two launches (the argmax of every row in vocabulary chunks, then one program that reduces the chunks and walks)
 and one packed `torch.LongTensor` of shape `(2 + 2 * num_nodes + 1,)` that the host reads once:
-`[num_accepted, bonus, path (num_nodes slots, the first num_accepted used), predictions (num_nodes + 1)]`.
+`[num_accepted, bonus, path (num_nodes slots, the first num_accepted used, -1 after), predictions (num_nodes + 1)]`.
 
-Example: tokens [a, b, c], parents [-1, 0, -1], predictions [c, x, y, z] -> [1, z, 2, _, _, c, x, y, z]
+Example: tokens [a, b, c], parents [-1, 0, -1], predictions [c, x, y, z] -> [1, z, 2, -1, -1, c, x, y, z]
 (node 2 accepted; row 3 predicts z, not a child of node 2).
+
+The launches run as the custom operator `torch.ops.hf_spec.greedy_accept` (`hf_spec.kernels.triton.op`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import triton
 import triton.language as tl
 
 from hf_spec.engine.acceptance import greedy_walk
+from hf_spec.kernels.triton.op import kernel_op, wrap_triton
 
 CHUNK = 2048  # vocabulary entries per program of the argmax pass
 BLOCK = 512  # entries a program reads at once
@@ -110,6 +113,16 @@ def greedy_accept(logits: torch.Tensor, parents: torch.Tensor, tokens: torch.Ten
     Returns:
         the packed `torch.LongTensor` of shape `(2 + 2 * num_nodes + 1,)` described in the module docstring.
     """
+    return _greedy_accept(logits, parents, tokens)
+
+
+def _packed_like(logits: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """The empty packed output `(2 + 2 * num_nodes + 1,)` for `logits` `(num_nodes + 1, vocab)` (the fake)."""
+    return logits.new_empty((2 * logits.shape[0] + 1,), dtype=torch.long)
+
+
+@kernel_op("greedy_accept", (_chunk_argmax, _walk), _packed_like)
+def _greedy_accept(logits: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     rows, vocab = logits.shape
     num_nodes = rows - 1
     if logits.stride(-1) != 1:
@@ -118,13 +131,13 @@ def greedy_accept(logits: torch.Tensor, parents: torch.Tensor, tokens: torch.Ten
     chunks = triton.cdiv(vocab, CHUNK)
     maxes = torch.empty(rows, chunks, dtype=torch.float32, device=device)
     index = torch.empty(rows, chunks, dtype=torch.int32, device=device)
-    out = torch.empty(2 + 2 * num_nodes + 1, dtype=torch.long, device=device)
+    out = torch.full((2 * rows + 1,), -1, dtype=torch.long, device=device)  # unused path slots: -1
     if num_nodes == 0:  # a pointer to nothing is not passed: one unused slot
         parents = tokens = torch.zeros(1, dtype=torch.long, device=device)
-    _chunk_argmax[(rows, chunks)](
+    wrap_triton(_chunk_argmax)[(rows, chunks)](
         logits, logits.stride(0), vocab, maxes, index, chunks, CHUNK=CHUNK, BLOCK=BLOCK
     )
-    _walk[(1,)](
+    wrap_triton(_walk)[(1,)](
         maxes,
         index,
         chunks,

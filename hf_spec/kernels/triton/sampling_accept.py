@@ -15,6 +15,9 @@ Three launches: every row's max and sum of exponentials in vocabulary chunks; on
 (point-mass children read one probability each; a residual over the vocabulary is built only below a node with a
 sampled child); the final residual written in parallel for the bonus draw. The host reads one packed
 `torch.LongTensor` once: `[num_accepted, bonus, path (num_accepted entries)]`.
+
+The launches run as the custom operator `torch.ops.hf_spec.sampling_walk` (`hf_spec.kernels.triton.op`), which
+takes the uniforms and returns the walk's state and the final residual; the random numbers are drawn around it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import triton
 import triton.language as tl
 
 from hf_spec.engine.acceptance import accept_sampling
+from hf_spec.kernels.triton.op import kernel_op, wrap_triton
 from hf_spec.tree import DraftTree
 
 CHUNK = 2048  # vocabulary entries per program of the softmax statistics and the residual
@@ -239,35 +243,66 @@ def sampling_accept(
     Returns:
         `torch.LongTensor` of shape `(2 + num_accepted,)`: `[num_accepted, bonus, path...]`, on the device.
     """
-    rows, vocab = scores.shape
-    num_nodes = rows - 1
+    num_nodes = scores.shape[0] - 1
     device = scores.device
-    if scores.stride(-1) != 1:
-        scores = scores.contiguous()
     uniforms = (
         torch.rand(num_nodes, generator=generator, device=device)
         if num_nodes
         else torch.zeros(1, device=device)
     )
+    q = None if draft_probs is None else draft_probs.to(device)
+    out, resid = _sampling_walk(scores, parents, tokens, q, uniforms)
+    bonus = torch.multinomial(resid, 1, generator=generator)
+    return torch.cat([out[:1], bonus, out[_STATE : _STATE + num_nodes]])
+
+
+def _walk_like(
+    scores: torch.Tensor,
+    parents: torch.Tensor,
+    tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    uniforms: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty `(state (4 + 2 * max(num_nodes, 1),) int64, residual (vocab,) float32)` (the fake)."""
+    rows, vocab = scores.shape
+    out = scores.new_empty((_STATE + 2 * max(rows - 1, 1),), dtype=torch.long)
+    return out, scores.new_empty((vocab,), dtype=torch.float32)
+
+
+@kernel_op("sampling_walk", (_chunk_softmax_stats, _walk, _final_residual), _walk_like)
+def _sampling_walk(
+    scores: torch.Tensor,
+    parents: torch.Tensor,
+    tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    uniforms: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The walk with the uniforms `(max(num_nodes, 1),)` given: `(state, residual)`, where `state[0]` is the number
+    accepted, `state[4 : 4 + num_nodes]` the path, and the bonus token is drawn from the residual `(vocab,)`."""
+    rows, vocab = scores.shape
+    num_nodes = rows - 1
+    device = scores.device
+    if scores.stride(-1) != 1:
+        scores = scores.contiguous()
     if draft_probs is None:
         sampled = torch.zeros(max(num_nodes, 1), dtype=torch.int8, device=device)
         q = torch.zeros(1, 1, device=device)
     else:
-        q = draft_probs.to(device).contiguous()
+        q = draft_probs.contiguous()
         sampled = q.any(dim=-1).to(torch.int8)
     if num_nodes == 0:
         parents = tokens = torch.zeros(1, dtype=torch.long, device=device)
     chunks = triton.cdiv(vocab, CHUNK)
     maxes = torch.empty(rows, chunks, dtype=torch.float32, device=device)
     sums = torch.empty(rows, chunks, dtype=torch.float32, device=device)
-    resid = torch.empty(vocab, dtype=torch.float32, device=device)
     stats = torch.empty(2, dtype=torch.float32, device=device)
-    out = torch.empty(_STATE + 2 * max(num_nodes, 1), dtype=torch.long, device=device)
+    out, resid = _walk_like(scores, parents, tokens, draft_probs, uniforms)
+    out.fill_(-1)  # path slots after the accepted ones: -1, as the twin's
     nodes_block = triton.next_power_of_2(max(num_nodes, 1))
-    _chunk_softmax_stats[(rows, chunks)](
+    wrap_triton(_chunk_softmax_stats)[(rows, chunks)](
         scores, scores.stride(0), vocab, maxes, sums, chunks, CHUNK=CHUNK, BLOCK=BLOCK
     )
-    _walk[(1,)](
+    wrap_triton(_walk)[(1,)](
         scores,
         scores.stride(0),
         vocab,
@@ -288,11 +323,10 @@ def sampling_accept(
         NODES_BLOCK=nodes_block,
         BLOCK=BLOCK,
     )
-    _final_residual[(triton.cdiv(vocab, BLOCK),)](
+    wrap_triton(_final_residual)[(triton.cdiv(vocab, BLOCK),)](
         scores, scores.stride(0), vocab, resid, stats, out, num_nodes, NODES_BLOCK=nodes_block, BLOCK=BLOCK
     )
-    bonus = torch.multinomial(resid, 1, generator=generator)
-    return torch.cat([out[:1], bonus, out[_STATE : _STATE + num_nodes]])
+    return out, resid
 
 
 def sampling_accept_reference(

@@ -9,7 +9,8 @@ For frontier row f with token t (`hf_spec.methods.lyanna.modeling.LyannaHeadMode
 
 The bias never exists as a `(frontier, vocab)` tensor: the kernel takes the rank-r factors `low` `(frontier, r)`
 and `W_2` `(vocab, r)` and recomputes b block by block (one pass for the mean, one for the log-sum-exp, k for the
-top-k). A dense bias (a collapsed token-info table, or none at all) is the same kernel without the factors.
+top-k). A dense bias (a collapsed token-info table, or none at all) is the same kernel without the factors. The
+launch runs as the custom operator `torch.ops.hf_spec.token_info_topk` (`hf_spec.kernels.triton.op`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import triton
 import triton.language as tl
 
 from hf_spec.kernels.triton.draft_topk import NO_INDEX, _next_largest, stable_topk
+from hf_spec.kernels.triton.op import kernel_op, wrap_triton
 
 BLOCK = 256
 NONE, DENSE, LOW_RANK = 0, 1, 2  # the bias kinds (`MODE`)
@@ -147,18 +149,55 @@ def token_info_topk(
     cols = raw.shape[-1]
     if not 0 < k <= cols:
         raise ValueError(f"token_info_topk needs 0 < k <= vocab ({cols}), got k={k}")
+    low, w2, scale = (None, None, None) if factors is None else factors
+    valid = valid.to(device=raw.device, dtype=torch.float32)
+    return _token_info_topk_op(raw, k, frontier, valid, bias, low, w2, scale, eps)
+
+
+def _children_like(
+    raw: torch.Tensor,
+    k: int,
+    frontier: int,
+    valid: torch.Tensor,
+    bias: torch.Tensor | None,
+    low: torch.Tensor | None,
+    w2: torch.Tensor | None,
+    scale: torch.Tensor | None,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty `(values, indices)` `(frontier, k)`, float32 and int64 (the fake)."""
+    return raw.new_empty((frontier, k), dtype=torch.float32), raw.new_empty((frontier, k), dtype=torch.long)
+
+
+@kernel_op("token_info_topk", (_token_info_topk,), _children_like)
+def _token_info_topk_op(
+    raw: torch.Tensor,
+    k: int,
+    frontier: int,
+    valid: torch.Tensor,
+    bias: torch.Tensor | None,
+    low: torch.Tensor | None,
+    w2: torch.Tensor | None,
+    scale: torch.Tensor | None,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`token_info_topk` with the factors `(low, w2, scale)` passed one by one (all three, or none)."""
+    cols = raw.shape[-1]
     device = raw.device
-    values = torch.empty(frontier, k, dtype=torch.float32, device=device)
-    indices = torch.empty(frontier, k, dtype=torch.long, device=device)
+    values, indices = _children_like(raw, k, frontier, valid, bias, low, w2, scale, eps)
     dummy = torch.zeros(1, 1, dtype=torch.float32, device=device)
-    mode, low, w2, scale, rank, full = NONE, dummy, dummy, dummy[0], 1, cols
-    if factors is not None:
-        low, w2, scale = (t.contiguous() for t in factors)
+    mode, rank, full = NONE, 1, cols
+    if low is not None and w2 is not None and scale is not None:
+        low, w2, scale = low.contiguous(), w2.contiguous(), scale.contiguous()
         mode, rank, full = LOW_RANK, low.shape[1], w2.shape[0]
-    bias = bias.contiguous() if bias is not None else dummy
-    if factors is None and bias is not dummy:
-        mode = DENSE
-    _token_info_topk[(frontier,)](
+    else:
+        low, w2, scale = dummy, dummy, dummy[0]
+    if bias is not None:
+        bias = bias.contiguous()
+        mode = DENSE if mode == NONE else mode
+    else:
+        bias = dummy
+    wrap_triton(_token_info_topk)[(frontier,)](
         raw.contiguous(),
         cols,
         bias,
@@ -170,7 +209,7 @@ def token_info_topk(
         scale,
         full,
         rank,
-        valid.to(device=device, dtype=torch.float32).contiguous(),
+        valid.contiguous(),
         eps,
         values,
         indices,

@@ -11,6 +11,8 @@ Example (parents [-1, 0, -1], past 2; 0 = visible, m = masked)::
     a:    0 0 | 0 0 m m      position 3
     b:    0 0 | 0 0 0 m      position 4
     c:    0 0 | 0 m m 0      position 3
+
+The launch runs as the custom operator `torch.ops.hf_spec.tree_inputs` (`hf_spec.kernels.triton.op`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hf_spec.kernels.triton.op import kernel_op, wrap_triton
 from hf_spec.tree import DraftTree
 from hf_spec.tree.masks import tree_attention_mask, tree_position_ids
 
@@ -69,13 +72,23 @@ def tree_inputs(parents: torch.Tensor, past: int, dtype: torch.dtype) -> tuple[t
         `position_ids` `torch.LongTensor` of shape `(1, num_nodes + 1)` and the mask, `dtype` of shape
         `(1, 1, num_nodes + 1, past + num_nodes + 1)`: 0 where visible, `torch.finfo(dtype).min` elsewhere.
     """
+    return _tree_inputs(parents, past, dtype)
+
+
+def _inputs_like(parents: torch.Tensor, past: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty `(position_ids (1, n + 1), mask (1, 1, n + 1, past + n + 1))` (the fake)."""
+    n = parents.shape[0]
+    positions = parents.new_empty((1, n + 1), dtype=torch.long)
+    return positions, parents.new_empty((1, 1, n + 1, past + n + 1), dtype=dtype)
+
+
+@kernel_op("tree_inputs", (_tree_mask,), _inputs_like)
+def _tree_inputs(parents: torch.Tensor, past: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     num_nodes = parents.shape[0]
-    device = parents.device
-    mask = torch.empty(1, 1, num_nodes + 1, past + num_nodes + 1, dtype=dtype, device=device)
-    positions = torch.empty(1, num_nodes + 1, dtype=torch.long, device=device)
+    positions, mask = _inputs_like(parents, past, dtype)
     if num_nodes == 0:
-        parents = torch.zeros(1, dtype=torch.long, device=device)
-    _tree_mask[(num_nodes + 1,)](
+        parents = torch.zeros(1, dtype=torch.long, device=parents.device)
+    wrap_triton(_tree_mask)[(num_nodes + 1,)](
         parents,
         num_nodes,
         past,
