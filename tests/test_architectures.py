@@ -235,16 +235,17 @@ def test_unsupported_layer_types_are_named():
         model.generate(long_prompt(), max_new_tokens=4, custom_generate=SpeculativeDecoder("pld"))
 
 
-def test_a_static_cache_is_refused_before_the_prefill():
+def test_an_offloaded_static_cache_is_refused_before_the_prefill():
+    """Static caches work (tests/test_static_cache.py); an offloaded one is refused by name, before any forward."""
     model = build("mistral")
     calls = []
     handle = model.register_forward_hook(lambda *args: calls.append(1))
     try:
-        with pytest.raises(TypeError, match="cache_implementation"):
+        with pytest.raises(TypeError, match="offloaded static cache"):
             model.generate(
                 long_prompt(),
                 max_new_tokens=4,
-                cache_implementation="static",
+                cache_implementation="offloaded_static",
                 custom_generate=SpeculativeDecoder("pld"),
             )
     finally:

@@ -34,7 +34,7 @@ from hf_spec.engine.target.forward import verification_inputs
 from hf_spec.engine.target.hidden import select_hidden_states
 from hf_spec.engine.target.int8_rows import prompt_forward
 from hf_spec.engine.target.profile import TargetProfile, target_profile
-from hf_spec.engine.target.static import is_static, rewindable_static_cache
+from hf_spec.engine.target.static import check_static_cache, is_static, rewindable_static_cache
 from hf_spec.engine.target.windows import rewindable_cache
 from hf_spec.tree import DraftTree
 
@@ -201,6 +201,8 @@ def speculative_generate(
         `return_dict_in_generate=True`.
     """
     cache = _rewindable_passed_cache(model, model_kwargs)
+    if is_static(cache):
+        check_static_cache(cache)  # before any forward
     check_supported(model, input_ids, generation_config, model_kwargs)
     settings = compile_settings(model, cache, generation_config, compile)
     # a static cache hf-spec sizes holds `max_length` tokens, or `max_cache_len` where that is larger (transformers'

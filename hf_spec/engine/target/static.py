@@ -126,6 +126,26 @@ def static_capacity(cache: Cache) -> int:
     return min(layer.max_cache_len for layer in cache.layers if isinstance(layer, StaticLayer))
 
 
+def check_static_cache(cache: Cache) -> None:
+    """Raise `TypeError` for a static cache hf-spec cannot rewind: offloaded, with layers other than full or
+    sliding-window static ones, or a filled sliding-window one."""
+    layers = cache.layers
+    if getattr(cache, "offloading", False):
+        raise TypeError("hf-spec cannot rewind an offloaded static cache: pass one with offloading=False")
+    kinds = (StaticLayer, StaticSlidingWindowLayer)
+    others = sorted({type(layer).__name__ for layer in layers if type(layer) not in kinds})
+    if others:
+        raise TypeError(
+            f"hf-spec can rewind full-attention static layers (StaticLayer), not {', '.join(others)}"
+        )
+    sliding = any(isinstance(layer, StaticSlidingWindowLayer) for layer in layers)
+    if sliding and any(layer.is_initialized and int(layer.get_seq_length()) for layer in layers):
+        raise TypeError(
+            "hf-spec cannot continue a filled sliding-window static cache (its layers keep only the window, "
+            "so a rejected draft cannot be taken back): pass an empty cache or none"
+        )
+
+
 @contextlib.contextmanager
 def rewindable_static_cache(cache: Cache, max_length: int) -> Iterator[Cache]:
     """Inside the block `cache`'s static layers are `RewindableStaticLayer`s; afterwards stock `StaticLayer`s
@@ -134,28 +154,16 @@ def rewindable_static_cache(cache: Cache, max_length: int) -> Iterator[Cache]:
     Layers not allocated yet (a cache `generate` built) get `static_size(max_length)` slots; sliding-window
     static layers of an empty cache become full static layers for good; those of a filled cache raise `TypeError`.
     """
+    check_static_cache(cache)
     layers = cache.layers
     sliding = [i for i, layer in enumerate(layers) if isinstance(layer, StaticSlidingWindowLayer)]
-    if sliding:
-        if any(layer.is_initialized and int(layer.get_seq_length()) for layer in layers):
-            raise TypeError(
-                "hf-spec cannot continue a filled sliding-window static cache (its layers keep only the window, "
-                "so a rejected draft cannot be taken back): pass an empty cache or none"
-            )
+    if sliding:  # an empty cache (checked): full layers as long as the others, windowed masks do the rest
         full = [layer.max_cache_len for layer in layers if not isinstance(layer, StaticSlidingWindowLayer)]
         capacity = max([max_length, *full])
         for i in sliding:
             layers[i] = StaticLayer(max_cache_len=capacity)
-    if getattr(cache, "offloading", False):
-        raise TypeError("hf-spec cannot rewind an offloaded static cache: pass one with offloading=False")
-    others = sorted({type(layer).__name__ for layer in layers if type(layer) is not StaticLayer})
-    if others:
-        raise TypeError(
-            f"hf-spec can rewind full-attention static layers (StaticLayer), not {', '.join(others)}"
-        )
-    for (
-        layer
-    ) in layers:  # not allocated yet: room for the last round's tree and a drafter's provisional writes
+    # not allocated yet: room for the last round's tree and a drafter's provisional writes
+    for layer in layers:
         if not layer.is_initialized:
             layer.max_cache_len = max(layer.max_cache_len, static_size(max_length))
     adopted = [RewindableStaticLayer.adopt(layer) for layer in layers]
