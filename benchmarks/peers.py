@@ -27,7 +27,7 @@ prompts: the mean acceptance length per drafting step (1 + accepted drafts / dra
 by position must agree within `--eagle3-tolerance` (10%), and vLLM's EAGLE-3 output must equal vLLM's plain.
 
     python benchmarks/peers.py --target qwen2.5-coder-0.5b-instruct --dtype bfloat16 --threads 2 \\
-        --prompts ../shared/data/eval/spec_bench_dev.jsonl --per-category 1 --max-new-tokens 128 \\
+        --prompts benchmarks/prompts/spec_bench_dev.jsonl --per-category 1 --max-new-tokens 128 \\
         --methods ar,hf-pld,pld,retrieval:benchmarks/configs/retrieval-qwen2.5-coder-0.5b-instruct.json,... \\
         --vllm-python /work/peers/vllm/bin/python --llama-python /work/peers/llama/bin/python
 
@@ -200,7 +200,8 @@ def run(args: argparse.Namespace) -> dict:
     common = dict(threads=args.threads, dtype=args.dtype)
     print(f"engine logs: {logs}", flush=True)
     try:
-        hf = Worker(sys.executable, "hf", methods, logs / "hf.log", target=str(folder), **common)
+        hf = Worker(sys.executable, "hf", methods, logs / "hf.log", target=str(folder), quantize=args.quantize,
+                    **common)  # fmt: skip
         workers |= {m: hf for m in methods}
         vllm_engines = [e for e in args.engines if e in VLLM_ENGINES]
         if vllm_engines and not args.vllm_python:
@@ -304,9 +305,9 @@ def export_eagle3(head: str, out: Path) -> str:
     return str(export_head(head, "eagle3-vllm", out))
 
 
-def check_lossless(results: dict, target: str, dtype: str) -> None:
+def check_lossless(results: dict, target: str, dtype: str, quantize: str | None = None) -> None:
     """Mark every row `lossless` (equal to `ar`'s tokens) and `own_lossless` (equal to its engine's plain output),
-    with the near-tie test at the first departure (transformers' logits)."""
+    with the near-tie test at the first departure (the logits of transformers' target, loaded as `ar` ran it)."""
     import torch
 
     from hf_spec.bench.lossless import compare_greedy
@@ -324,7 +325,9 @@ def check_lossless(results: dict, target: str, dtype: str) -> None:
                 r[f"{field}lossless"] = True
                 continue
             if model is None:
-                model, _ = load_model(str(target_folder(target)), dtype=getattr(torch, dtype))
+                model, _ = load_model(
+                    str(target_folder(target)), dtype=getattr(torch, dtype), quantize=quantize
+                )
             got = compare_greedy(model, ids, ref["tokens"], r["tokens"])
             r |= {f"{field}{k}": v for k, v in got.items()}
 
@@ -423,7 +426,8 @@ def markdown(results: dict) -> str:
         f"Command: `{results['command']}`",
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores, {results['threads']} threads per engine; {m['dtype']} "
-        f"weights (llama.cpp: {results['gguf']['file'] + ' ' + results['gguf']['type'] if results['gguf'] else '-'}); "
+        + (f"activations, transformers target on hf-spec's {m['quantize']} kernels " if m.get("quantize") else "")
+        + f"weights (llama.cpp: {results['gguf']['file'] + ' ' + results['gguf']['type'] if results['gguf'] else '-'}); "
         f"torch {m['torch']}, transformers {m['transformers']}"
         + "".join(f", {k} {v}" for k, v in results["versions"].items())
         + f"; {m['date']}.",
@@ -450,6 +454,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument(
+        "--quantize",
+        default=None,
+        choices=["int8", "int4", "gguf"],
+        help="load the transformers target (ar, hf-pld and hf-spec's methods) on hf-spec's quantized CPU kernels "
+        "(gguf: the blocks of the GGUF llama.cpp reads); `ar` is then that quantized model's own generate",
+    )
     p.add_argument("--vllm-python", default=None, help="the Python of the vLLM side environment")
     p.add_argument("--llama-python", default=None, help="the Python of the llama.cpp side environment")
     p.add_argument(
@@ -479,10 +490,11 @@ def main(argv: list[str] | None = None) -> int:
     results["uptime_before"] = uptime_before
     results["uptime_after"] = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     results["wall_seconds"] = round(time.time() - started, 1)
-    check_lossless(results, args.target, args.dtype)
+    check_lossless(results, args.target, args.dtype, args.quantize)
     hf_info = results["infos"][REFERENCE]
     results["machine"] = {k: v for k, v in hf_info.items() if k != "eos"} | {
         "dtype": args.dtype,
+        "quantize": args.quantize,
         "device": "cpu",
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
@@ -508,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
             / "results"
             / "peers"
             / machine_class(results["machine"])
-            / Path(args.target).name
+            / (Path(args.target).name + (f"-{args.quantize}" if args.quantize else ""))
         )
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2, default=float) + "\n")

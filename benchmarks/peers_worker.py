@@ -36,7 +36,7 @@ def hf_engines(args: argparse.Namespace) -> tuple[dict, dict]:
     from hf_spec.models import load_model
 
     torch.set_num_threads(args.threads)
-    model, tokenizer = load_model(args.target, dtype=getattr(torch, args.dtype))
+    model, tokenizer = load_model(args.target, dtype=getattr(torch, args.dtype), quantize=args.quantize)
     counter = ForwardCounter(model)
     methods = {name: Method(name, model, tokenizer, 8) for name in args.engines}
     eos = tokenizer.eos_token_id
@@ -172,6 +172,7 @@ def main() -> int:
     p.add_argument("--engines", required=True, help="JSON list of the engine names this process serves")
     p.add_argument("--threads", type=int, required=True)
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--quantize", default=None, help="hf: load the target on hf-spec's quantized CPU kernels")
     p.add_argument("--draft", default=None, help="vllm-eagle3: the exported head folder")
     p.add_argument("--num-speculative-tokens", type=int, default=3)
     p.add_argument("--max-model-len", type=int, default=4096)

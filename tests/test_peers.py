@@ -34,14 +34,18 @@ def prompt_file(tmp_path):
 
 
 @pytest.mark.slow  # two processes load torch and the model: minutes on a loaded 2-core machine
-def test_peers_runs_transformers_and_hf_spec_in_a_worker(prompt_file, tmp_path):
+@pytest.mark.parametrize("quantize", [None, "int8"])
+def test_peers_runs_transformers_and_hf_spec_in_a_worker(prompt_file, tmp_path, quantize):
     """Every method decodes every prompt in the worker process, interleaved after `ar`; lossless methods equal
-    `ar`'s tokens; the engines whose Python is not given are reported as left out."""
+    `ar`'s tokens; the engines whose Python is not given are reported as left out. With `--quantize` the
+    transformers target runs on hf-spec's quantized kernels and `ar` is that model's own `generate`."""
     out = tmp_path / "out"
     argv = ["--target", str(STORIES), "--methods", "pld,ar", "--engines", "vllm,llama.cpp", "--prompts",
             str(prompt_file), "--max-new-tokens", "12", "--threads", "1", "--dtype", "float32", "--out", str(out)]  # fmt: skip
+    argv += ["--quantize", quantize] if quantize else []
     assert peers.main(argv) == 0
     results = json.loads((out / "results.json").read_text())
+    assert results["machine"]["quantize"] == quantize
     assert results["engines"] == ["ar", "pld"]
     assert results["left_out"] == {"vllm": "no --vllm-python", "llama.cpp": "no --llama-python"}
     rows = {(r["method"], r["question_id"]): r for r in results["runs"]}
