@@ -12,7 +12,9 @@ from torch._dynamo.utils import counters
 from transformers import CompileConfig
 
 from hf_spec import SpeculativeDecoder
+from hf_spec.engine.compiled_step import CompiledStep, rewindable_cache
 from hf_spec.engine.target.compiled import WIDTHS, bucket
+from hf_spec.tree.masks import causal_mask, padded_block_mask
 from tests.conftest import make_tiny_model, prompt_ids
 from tests.test_methods import METHOD_SPECS, decoder_for
 
@@ -47,6 +49,85 @@ def test_every_method_compiled_equals_generate(tiny_llama, spec):
     assert stats.new_tokens == 40
     if spec.split(":")[0] not in ("hispec", "talon"):  # those verify by continuing their own forward: eager
         assert stats.compiled_rounds == stats.target_forwards > 0
+    steps = drafter_steps(dec.drafter_for(tiny_llama))
+    if spec.split(":")[0] in MODEL_STEP_METHODS:  # drafters whose steps are model forwards draft compiled too
+        assert steps and all(step.failed is None for step in steps.values()), steps
+        assert sum(step.compiled_calls for step in steps.values()) > 0
+
+
+# methods whose drafter runs model forwards of its own (a head, or the target's first layers)
+MODEL_STEP_METHODS = {"early-exit", "eagle", "eagle3", "lyanna", "hispec"}
+
+
+def drafter_steps(drafter) -> dict[str, CompiledStep]:
+    """The compiled steps a drafter kept: a head drafter's (`_compiled_steps`) or the target-layer ones."""
+    head = drafter.__dict__.get("_compiled_steps")
+    if head is not None:
+        return head[2]
+    layers = drafter.__dict__.get("_hf_spec_draft_steps")
+    return layers[2] if layers is not None else {}
+
+
+@pytest.mark.parametrize("spec", ["eagle3", "lyanna", "hispec", "early-exit:2"])
+def test_drafter_steps_compile_nothing_in_a_later_generation(tiny_llama, spec):
+    """A drafter's steps compile every width in the first round that meets each kind of call; a later generation
+    (another prompt, other acceptance) compiles no new graph and keeps the output exact."""
+    dec = compiled(spec, tiny_llama)
+    ids = prompt_ids(14, seed=1)
+    tiny_llama.generate(ids, max_new_tokens=40, do_sample=False, compile_config=FAST, custom_generate=dec)
+    before = unique_graphs()
+    ids = prompt_ids(19, seed=6)
+    ref = tiny_llama.generate(ids, max_new_tokens=64, do_sample=False)
+    out = tiny_llama.generate(
+        ids, max_new_tokens=64, do_sample=False, compile_config=FAST, custom_generate=dec
+    )
+    assert torch.equal(out, ref)
+    assert unique_graphs() == before
+    steps = drafter_steps(dec.drafter_for(tiny_llama))
+    assert sum(step.compiled_calls for step in steps.values()) > 0
+
+
+def test_padded_block_mask_keeps_the_rows_and_isolates_the_fillers():
+    mask = causal_mask(2, 3)  # two rows after three cached slots
+    padded = padded_block_mask(mask, 3, 4, 10)
+    assert padded.shape == (1, 1, 4, 10)
+    seen = padded[0, 0] == 0
+    assert torch.equal(seen[:2, :5], mask[0, 0] == 0)
+    assert not seen[:2, 5:].any()
+    assert seen[2].nonzero().flatten().tolist() == [5] and seen[3].nonzero().flatten().tolist() == [6]
+    with pytest.raises(ValueError, match="does not fit"):
+        padded_block_mask(mask, 3, 4, 6)
+
+
+def test_a_compiled_step_computes_the_eager_step():
+    """An EAGLE head fed rows of 2, 1, 3 and 2 tokens: compiled over a static cache (padded widths, whole-cache
+    masks) it gives the eager head's states over a dynamic cache; the first call, which allocates the buffers, runs
+    eagerly."""
+    from transformers import DynamicCache
+
+    from hf_spec.engine.target.compiled import CompileSettings
+    from hf_spec.methods.eagle.modeling import EagleHeadConfig, EagleHeadModel
+
+    model = make_tiny_model("llama", seed=3)
+    torch.manual_seed(0)
+    head = EagleHeadModel(EagleHeadConfig.for_target(model, 64)).eval().attach_target(model)
+    static = rewindable_cache(64)
+    step = CompiledStep(head, static, CompileSettings(backend="aot_eager"), max_width=4)
+    dynamic = DynamicCache()
+    hidden = model.config.hidden_size
+    past = 0
+    for n in (2, 1, 3, 2):
+        features = torch.randn(1, n, hidden)
+        ids = torch.randint(0, model.config.vocab_size, (1, n))
+        positions = torch.arange(past + 1, past + n + 1)[None]
+        mask = causal_mask(n, past)
+        with torch.no_grad():
+            want = head(features, ids, positions, mask, dynamic)
+            got = step(features, ids, positions, mask, static)
+        torch.testing.assert_close(got, want)
+        past += n
+    assert static.layers[0].length == past and step.compiled_calls == 3 and step.eager_calls == 1
+    assert step.widths == (1, 2, 4)
 
 
 def test_no_recompiles_over_a_long_generation_with_varying_trees():

@@ -4,6 +4,9 @@
   field `past_key_values` to `cache` (the old names stay deprecated until 5.40 for forwards and 6.0 for
   `generate`). hf-spec reads a cache under either name and passes it by the name the installed version and the
   called forward take.
+- Output capturing: transformers' hooks that collect layer outputs read a context variable, which `torch.compile`
+  cannot trace; a compiled call of a model's layers (not of the model) switches them off as a compiled model
+  forward does (`call_without_output_capture`).
 - Arguments `generate` drops: transformers 5.x does not hand `streamer` (nor `assistant_model`, nor the
   `custom_generate` value itself) to a callable `custom_generate`; hf-spec reads them back from the calling
   `generate` frame.
@@ -18,6 +21,11 @@ import inspect
 import torch
 from transformers import Cache
 from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
+
+try:  # transformers 5.x
+    from transformers.utils.output_capturing import _active_collector as _OUTPUT_COLLECTOR
+except ImportError:  # a version without output-capturing hooks
+    _OUTPUT_COLLECTOR = None
 
 # the key under which `generate` hands a decoding method the KV cache in `model_kwargs` (5.24+: "cache")
 GENERATE_CACHE_KEY = (
@@ -49,6 +57,19 @@ def forward_cache_name(cls: type) -> str:
 def cache_kwargs(module: torch.nn.Module, cache) -> dict:
     """`{name: cache}` for a forward of `module` (a model or a decoder layer), by the name its forward takes."""
     return {forward_cache_name(type(module)): cache}
+
+
+def call_without_output_capture(fn, *args):
+    """`fn(*args)` with transformers' output-capturing hooks inactive: what a model forward does while no output is
+    asked for, done the way dynamo traces (inside `torch.compile` the collector is a plain attribute), for calls
+    of a model's layers outside its forward."""
+    if _OUTPUT_COLLECTOR is None:
+        return fn(*args)
+    token = _OUTPUT_COLLECTOR.set(None)
+    try:
+        return fn(*args)
+    finally:
+        _OUTPUT_COLLECTOR.reset(token)
 
 
 def passed_cache(model_kwargs: dict, pop: bool = False) -> Cache | None:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from hf_spec.engine.backend import (
         Backend,  # the engine passes one; drafters only call its context managers
     )
+    from hf_spec.engine.target.compiled import CompileSettings
 
 
 def target_forward(
@@ -57,6 +58,9 @@ class SpecState:
         backend: the kernel backend of the target's forwards (`hf_spec.engine.backend`); a drafter enters
             `backend.drafting(...)` around its own forwards through the target's layers or a draft model. The
             engine passes the one the target's profile chose (`hf_spec.engine.target.profile`).
+        compile_settings: set when this generation verifies compiled (`hf_spec.engine.target.compiled`): a drafter
+            whose steps are model forwards compiles them as these say, at fixed widths
+            (`hf_spec.engine.compiled_step`); None: eager.
     """
 
     model: PreTrainedModel
@@ -66,6 +70,7 @@ class SpecState:
     hidden_states: torch.Tensor | None = None  # [1, num_positions, hidden_size]
     uses_verify_forward: bool = True
     backend: Backend | None = None
+    compile_settings: CompileSettings | None = None
 
     @property
     def do_sample(self) -> bool:

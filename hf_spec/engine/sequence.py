@@ -242,7 +242,10 @@ def _generate(
     screen = profile.screens(do_sample, bool(logits_processor), out_scores or out_logits)
 
     t0 = time.perf_counter()
-    state = SpecState(model, cache, input_ids, generation_config, backend=profile.backend)
+    state = SpecState(
+        model, cache, input_ids, generation_config, backend=profile.backend,
+        compile_settings=compiled.settings if compiled is not None else None,
+    )  # fmt: skip
     _prefill(model, cache, input_ids, state, drafter.hidden_state_layers if want_hidden else None)
     row = Row.start(drafter, state, logits_processor, stopping_criteria, out_scores, out_logits, streamer)
     if stats is not None:

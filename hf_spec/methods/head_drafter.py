@@ -7,7 +7,7 @@ import contextlib
 import copy
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from transformers import DynamicCache
@@ -16,8 +16,10 @@ from hf_spec.core.config import MethodConfig, read_config
 from hf_spec.core.drafter import Drafter, RoundResult, SpecState
 from hf_spec.core.hub_ids import HEAD_CONFIG_FILES, resolve_folder, resolve_head_folder
 from hf_spec.core.specs import HEAD_IN_THIS_FOLDER
+from hf_spec.engine.compiled_step import CompiledStep, rewindable_cache
 from hf_spec.engine.target.cache import cache_length
 from hf_spec.engine.target.profile import target_profile
+from hf_spec.engine.target.static import static_capacity
 from hf_spec.heads.base import DraftHeadModel
 from hf_spec.heads.features import unit_features
 from hf_spec.heads.published import load_published_head
@@ -86,7 +88,15 @@ def head_config_from_cli_arg(cls: type[MethodConfig], arg: str | None) -> Method
 
 class HeadDrafter(Drafter):
     """Base of head drafters. `self.cache` holds the head's keys/values of committed positions only;
-    `pending_features` are the target's unit features f_{p-1} of committed positions p not fed yet."""
+    `pending_features` are the target's unit features f_{p-1} of committed positions p not fed yet.
+
+    The head's forwards are called through the attributes `head_steps` names (`self.head_step(features, ids,
+    positions, mask, cache)` for EAGLE heads): the head's own methods in an eager generation, the same compiled at
+    fixed widths over a static head cache in a compiled one (`hf_spec.engine.compiled_step`).
+    """
+
+    # slots the head's static cache holds beyond the target's: a round's provisional tree levels
+    DRAFT_SLOTS = 256
 
     requires_hidden_states = True
     head_cls: type[DraftHeadModel] = DraftHeadModel
@@ -131,6 +141,39 @@ class HeadDrafter(Drafter):
         self.pending_features: list[torch.Tensor] = []  # [n, H] chunks
         # positions the head's cache lacks: cached before this call (no features) or dropped by `max_catch_up`
         self.skipped = 0
+        self._use_eager_steps()
+
+    def head_steps(self) -> dict[str, Callable]:
+        """The head's forwards by the attribute they are called through, each `step(*rows, mask, cache)` with
+        `(1, n, ...)` rows, returning `(1, n, hidden)`."""
+        return {"head_step": self.head}
+
+    def compiled_rows(self) -> int:
+        """The most rows a compiled head step takes (wider calls, as the prompt's catch-up, run eagerly): a round's
+        accepted positions or a tree level's beam."""
+        cfg = self.config
+        return max(getattr(cfg, "depth", 1) + 1, getattr(cfg, "topk", 1))
+
+    def _use_eager_steps(self) -> None:
+        for name, step in self.head_steps().items():
+            setattr(self, name, step)
+
+    def _use_compiled_steps(self, settings, capacity: int) -> None:
+        """Point the step attributes at compiled forwards over a static head cache of `capacity` slots (kept on the
+        drafter: later compiled generations reuse what was compiled)."""
+        key = (settings, capacity)
+        kept = self.__dict__.get("_compiled_steps")
+        if kept is None or kept[0] != key:
+            cache = rewindable_cache(capacity)
+            steps = {
+                name: CompiledStep(step, cache, settings, self.compiled_rows())
+                for name, step in self.head_steps().items()
+            }
+            kept = self.__dict__["_compiled_steps"] = (key, cache, steps)
+        _, self.cache, steps = kept
+        self.cache.layers[0].crop_to(0)
+        for name, step in steps.items():
+            setattr(self, name, step)
 
     @contextlib.contextmanager
     def fast_head(self) -> Iterator[None]:
@@ -152,6 +195,8 @@ class HeadDrafter(Drafter):
         """A copy sharing the loaded head and packed weights, with its own head cache."""
         twin = copy.copy(self)
         twin.cache, twin.pending_features = DynamicCache(), []
+        twin.__dict__.pop("_compiled_steps", None)
+        twin._use_eager_steps()
         return twin
 
     def begin(self, state: SpecState) -> None:
@@ -159,7 +204,11 @@ class HeadDrafter(Drafter):
         a passed-in cache (`past_key_values`) have none: the head starts after them (`self.skipped`); with a
         one-token or wholly cached prompt it sits out the first round."""
         self.backend = state.backend  # this generation's (`HF_SPEC_BACKEND` may have changed since the last)
-        self.cache = DynamicCache()
+        if state.compile_settings is None:
+            self.cache = DynamicCache()
+            self._use_eager_steps()
+        else:
+            self._use_compiled_steps(state.compile_settings, static_capacity(state.cache) + self.DRAFT_SLOTS)
         seen = 0 if state.hidden_states is None else state.hidden_states.shape[1]
         if seen > state.seq_len - 1:
             raise ValueError(

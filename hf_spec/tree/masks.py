@@ -214,3 +214,26 @@ def padded_tree_mask(
     fillers = torch.arange(n, width)
     allowed[fillers, past_length + fillers] = True
     return additive_mask(allowed, dtype).to(device)
+
+
+def padded_block_mask(mask: torch.Tensor, past_length: int, width: int, kv_len: int) -> torch.Tensor:
+    """An additive block mask over the `past_length` cached slots and the block's own, padded to `width` query rows
+    and `kv_len` key slots (a static cache's length), for a forward of fixed shape: the block's rows keep what
+    they saw, filler rows see only their own slot, and no query sees a slot from `past_length + rows` on.
+
+    Args:
+        mask: `torch.FloatTensor` of shape `(1, 1, rows, past_length + rows)` (`causal_mask`, `level_mask`, ...).
+
+    Returns:
+        `torch.FloatTensor` of shape `(1, 1, width, kv_len)`, in `mask`'s dtype and on its device.
+    """
+    rows = mask.shape[-2]
+    if mask.shape[-1] != past_length + rows or rows > width or past_length + width > kv_len:
+        raise ValueError(
+            f"a {tuple(mask.shape)} mask after {past_length} slots does not fit width {width} and {kv_len} slots"
+        )
+    out = torch.full((1, 1, width, kv_len), torch.finfo(mask.dtype).min, dtype=mask.dtype, device=mask.device)
+    out[..., :rows, : past_length + rows] = mask
+    fillers = torch.arange(rows, width, device=mask.device)
+    out[0, 0, fillers, past_length + fillers] = 0
+    return out

@@ -40,7 +40,7 @@ class EagleDrafter(HeadDrafter, EagleStepper):
         if not self.can_draft():
             return DraftTree.empty()
         with self.fast_head():
-            h_root = self.catch_up(state, self.head)
+            h_root = self.catch_up(state, self.head_step)
             depth = min(cfg.depth, max_depth)
             if depth <= 0:
                 return DraftTree.empty()
@@ -110,4 +110,4 @@ class EagleDrafter(HeadDrafter, EagleStepper):
         features = torch.stack([source_h[i] for i in beam])[None]
         ids = torch.tensor([[tokens[i] for i in beam]], device=self.device)
         positions = torch.full((1, n), position, device=self.device)
-        return self.head(features, ids, positions, mask, self.cache)[0]
+        return self.head_step(features, ids, positions, mask, self.cache)[0]

@@ -26,7 +26,7 @@ class EagleStepper(StepwiseDrafter):
         if not self.can_draft():
             return False
         with self.fast_head():
-            self._h_chain = self.catch_up(state, self.head)  # [H]: state after the last chain token
+            self._h_chain = self.catch_up(state, self.head_step)  # [H]: state after the last chain token
         self._committed = cache_length(self.cache)  # committed positions + the root
         self._chain_len = self._committed  # cache positions of committed + fed chain tokens
         self._fresh = True  # the root is fed already: the first call's token is the root
@@ -75,7 +75,7 @@ class EagleStepper(StepwiseDrafter):
         ids = torch.tensor([[token]], device=self.device)
         pos = torch.tensor([[self.skipped + past + 1]], device=self.device)
         mask = causal_mask(1, past, self.dtype, self.device)
-        h = self.head(h_prev.view(1, 1, -1), ids, pos, mask, self.cache)[0, -1]
+        h = self.head_step(h_prev.view(1, 1, -1), ids, pos, mask, self.cache)[0, -1]
         self._chain_len += 1
         return h
 
@@ -95,7 +95,7 @@ class EagleStepper(StepwiseDrafter):
             ids = torch.tensor([[branches[b][level] for b in rows]], device=self.device)
             position = self.skipped + self._chain_len + 1 + level
             positions = torch.full((1, len(rows)), position, device=self.device)
-            states = self.head(features, ids, positions, mask, self.cache)[0]
+            states = self.head_step(features, ids, positions, mask, self.cache)[0]
             for r, b in enumerate(rows):
                 self._branch_slots[b].append(past + r)
                 self._branch_states[b].append(states[r])

@@ -34,6 +34,7 @@ import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from hf_spec.core.drafter import Drafter, RoundResult, SpecState
+from hf_spec.engine.compiled_step import draft_steps
 from hf_spec.engine.target.cache import cache_length, crop_cache
 from hf_spec.methods.early_exit.exit_heads import load_exit_lm
 from hf_spec.methods.hispec.config import HiSpecConfig
@@ -84,6 +85,31 @@ class HiSpecDrafter(Drafter):
         self.exits.check_layers(self.draft_layer, self.verify_layer)
         self.counts: Counter = Counter()
         self._round: HiSpecRound | None = None
+        self._use_steps(None, None)
+
+    def _use_steps(self, cache, settings) -> None:
+        """The three layer ranges as this generation runs them: eager, or compiled at fixed widths over the
+        target's static cache (`hf_spec.engine.compiled_step`): drafting one token at a time, the check of
+        `num_draft_tokens` rows, the last stage over the buffer (`num_buffer_tokens` + the root)."""
+        depth, cfg = self.parts.num_layers, self.config
+        ranges = {
+            "draft_stage": (0, self.draft_layer, 1),
+            "check_stage": (self.draft_layer, self.verify_layer, cfg.num_draft_tokens),
+            "final_stage": (self.verify_layer, depth, cfg.num_buffer_tokens + 1),
+        }
+        steps = {
+            name: (self._stage(start, end), width, range(start, end))
+            for name, (start, end, width) in ranges.items()
+        }
+        for name, step in draft_steps(self, cache, settings, steps).items():
+            setattr(self, name, step)
+
+    def _stage(self, start: int, end: int):
+        def stage(hidden, position_ids, mask, cache):
+            """The target's layers `[start, end)` over its cache: `(1, n, hidden_size)` in and out."""
+            return run_layers(self.parts, hidden, position_ids, cache, start, end, mask)
+
+        return stage
 
     def for_another_row(self) -> HiSpecDrafter:
         """A drafter sharing this one's exit LM, with counters and round state of its own."""
@@ -101,6 +127,7 @@ class HiSpecDrafter(Drafter):
         self.exits.use_backend(state.backend)
         self.counts = Counter()
         self._round = None
+        self._use_steps(state.cache, state.compile_settings)
 
     @torch.no_grad()
     def propose(self, state: SpecState, max_depth: int) -> DraftTree:
@@ -136,13 +163,11 @@ class HiSpecDrafter(Drafter):
         with state.backend.drafting(state.model, linears=True):
             for step in range(self.config.num_draft_tokens):
                 position_ids = torch.tensor([[rnd.held + step]], device=device)
-                h = run_layers(
-                    parts,
+                h = self.draft_stage(
                     parts.embed_tokens(torch.tensor([[token]], device=device)),
                     position_ids,
+                    None,
                     state.cache,
-                    0,
-                    self.draft_layer,
                 )
                 token = int(self.exits.logits(self.draft_layer, h)[0, -1].argmax())
                 drafts.append(token)
@@ -157,9 +182,7 @@ class HiSpecDrafter(Drafter):
         position_ids = torch.arange(rnd.held, rnd.held + n, device=hidden.device).unsqueeze(0)
         mask = causal_mask(n, rnd.held, hidden.dtype, hidden.device)
         with state.backend.drafting(state.model, linears=True):
-            h = run_layers(
-                self.parts, hidden, position_ids, state.cache, self.draft_layer, self.verify_layer, mask
-            )
+            h = self.check_stage(hidden, position_ids, mask, state.cache)
             preds = (
                 self.exits.logits(self.verify_layer, h)[0].argmax(-1).tolist()
             )  # preds[j] checks drafts[j]
@@ -199,9 +222,7 @@ class HiSpecDrafter(Drafter):
         hidden = torch.cat(rnd.hidden, dim=1)  # [1, 1 + len(tree), hidden_size]
         mask = causal_mask(hidden.shape[1], rnd.past, hidden.dtype, hidden.device)
         with state.backend.drafting(state.model, linears=True):
-            h = run_layers(
-                self.parts, hidden, position_ids, state.cache, self.verify_layer, self.parts.num_layers, mask
-            )
+            h = self.final_stage(hidden, position_ids, mask, state.cache)
             h = self.parts.norm(h)
             logits = self.parts.lm_head(h)
         return CausalLMOutputWithPast(logits=logits, hidden_states=(h,) if output_hidden_states else None)

@@ -53,6 +53,10 @@ class LyannaDrafter(HeadDrafter):
 
         return LowRankTokenInfo(head, cols, row_of)
 
+    def head_steps(self) -> dict:
+        """Lyanna's head has two forwards: the first step reads target features, the next ones its own state."""
+        return {"first_step": self.head.first_step, "next_step": self.head.next_step}
+
     # ---- committed positions (as in EAGLE: the head's cache is teacher-forced with target features) --------
     def begin(self, state: SpecState) -> None:
         super().begin(state)
@@ -93,7 +97,7 @@ class LyannaDrafter(HeadDrafter):
         if not self.can_draft():
             return DraftTree.empty()
         with self.fast_head():
-            h_root = self.catch_up(state, self.head.first_step)
+            h_root = self.catch_up(state, self.first_step)
             depth = min(cfg.depth, max_depth)
             if depth <= 0:
                 return DraftTree.empty()
@@ -116,9 +120,7 @@ class LyannaDrafter(HeadDrafter):
         try:
             for step in range(1, depth):
                 position = torch.tensor([[root_pos + step]], device=self.device)
-                states.append(
-                    self.head.next_step(states[-1].view(1, 1, -1), position, None, self.cache)[0, 0]
-                )
+                states.append(self.next_step(states[-1].view(1, 1, -1), position, None, self.cache)[0, 0])
         finally:
             crop_cache(self.cache, committed)
         return torch.stack(states)
