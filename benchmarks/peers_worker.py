@@ -39,7 +39,7 @@ def hf_engines(args: argparse.Namespace) -> tuple[dict, dict]:
     model, tokenizer = load_model(args.target, dtype=getattr(torch, args.dtype), quantize=args.quantize)
     counter = ForwardCounter(model)
     methods = {name: Method(name, model, tokenizer, 8) for name in args.engines}
-    eos = tokenizer.eos_token_id
+    eos = model.generation_config.eos_token_id or tokenizer.eos_token_id  # every id `generate` stops at
 
     def make(method: Method):
         def call(ids: list[int], new: int, stop_at_eos: bool) -> dict:

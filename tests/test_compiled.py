@@ -222,3 +222,21 @@ def test_inductor_compiled_equals_eager(tiny_llama):
         out = tiny_llama.generate(ids, max_new_tokens=40, do_sample=False, custom_generate=dec)
         assert torch.equal(out, ref)
         assert dec.last_stats.compiled_rounds > 0
+
+
+def test_a_head_with_packed_int4_linears_drafts_compiled():
+    """`quantize="int4"` runs the head's linears on packed copies (patched forwards): they trace into the compiled
+    step, which then drafts compiled, and the output is still plain `generate`'s."""
+    from hf_spec.methods.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head, Eagle3HeadConfig
+
+    model = make_tiny_model("llama")
+    torch.manual_seed(0)
+    head = Eagle3Head(Eagle3HeadConfig.for_target(model, 64, hidden_state_indices=(1, 2, 3)))
+    drafter = Eagle3Drafter(Eagle3Config(depth=3, topk=2, total_tokens=5, quantize="int4"), model, head=head)
+    ids = prompt_ids(14, seed=1)
+    ref = model.generate(ids, max_new_tokens=24, do_sample=False)
+    dec = SpeculativeDecoder(drafter, compile=True)
+    out = model.generate(ids, max_new_tokens=24, do_sample=False, compile_config=FAST, custom_generate=dec)
+    assert torch.equal(out, ref)
+    (step,) = drafter_steps(drafter).values()
+    assert step.failed is None and step.compiled_calls > 0

@@ -60,6 +60,18 @@ def test_peers_runs_transformers_and_hf_spec_in_a_worker(prompt_file, tmp_path, 
     assert "| `vllm` | not run: no --vllm-python" in table and "Command: `python benchmarks/peers.py" in table
 
 
+def test_rows_asked_past_the_end_of_sequence_compare_up_to_it():
+    """transformers' own loop asked for exactly N tokens masks the end of sequence: where `ar` stopped there, such a
+    row equals it up to that token; an hf-spec row (which stops by itself) and any other departure do not."""
+    ref, eos = [5, 6, 7, 2], [2, 9]
+    assert peers.same_tokens("hf-pld", ref, [5, 6, 7, 4], eos)
+    assert peers.same_tokens("ar-kernels", ref, [5, 6, 7, 4], 2)
+    assert not peers.same_tokens("pld", ref, [5, 6, 7, 4], eos)
+    assert not peers.same_tokens("hf-pld", ref, [5, 6, 8, 4], eos)
+    assert not peers.same_tokens("hf-pld", [5, 6, 7, 3], [5, 6, 7, 4], eos)
+    assert peers.same_tokens("pld", ref, list(ref), eos)
+
+
 def test_acceptance_length_of_vllm_and_hf_spec_counters():
     """1 + accepted / drafting steps, and the rate by position, from vLLM's counters and from hf-spec's rounds."""
     vllm = {

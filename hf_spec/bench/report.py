@@ -123,6 +123,13 @@ def markdown_table(results: dict) -> str:
             if m.get("one_row_kernel") is None
             else f"; one-row kernel {'on' if m['one_row_kernel'] else 'off'}"
         )
-        + ("" if m.get("bf16_kernel_rows") is None else f"; bf16 kernel on 1-{m['bf16_kernel_rows']} rows"),
+        + _bf16_kernel_note(m.get("bf16_kernel_rows")),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _bf16_kernel_note(rows: int | None) -> str:
+    """The machine line's note on hf-spec's bfloat16 linear kernel: the rows it takes (0: none on this CPU)."""
+    if rows is None:
+        return ""
+    return "; bf16 kernel off" if rows == 0 else f"; bf16 kernel on 1-{rows} rows"

@@ -143,11 +143,12 @@ def quantize_linears(
 def quantized_linears(weights: Mapping[nn.Linear, QuantizedWeight]) -> Iterator[None]:
     """Inside the block, the given `nn.Linear` layers compute with their packed weights, for calls from this
     thread only: a target forward on another thread (Talon's verification beside an asynchronous drafter) that
-    meets a patched layer gets its own weights (by `skinny_linear`)."""
+    meets a patched layer gets its own weights (by `skinny_linear`). A compiled drafter step traced inside the
+    block is the owner's (dynamo cannot trace the thread check)."""
     owner = threading.get_ident()
 
     def forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        if threading.get_ident() == owner:
+        if torch.compiler.is_compiling() or threading.get_ident() == owner:
             return weights[self].linear(x, self.bias)
         return skinny_linear(x, self.weight, self.bias)
 
