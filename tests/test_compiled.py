@@ -60,10 +60,7 @@ MODEL_STEP_METHODS = {"early-exit", "eagle", "eagle3", "lyanna", "hispec"}
 
 
 def drafter_steps(drafter) -> dict[str, CompiledStep]:
-    """The compiled steps a drafter kept: a head drafter's (`_compiled_steps`) or the target-layer ones."""
-    head = drafter.__dict__.get("_compiled_steps")
-    if head is not None:
-        return head[2]
+    """The compiled steps a drafter kept (`hf_spec.engine.compiled_step.draft_steps`)."""
     layers = drafter.__dict__.get("_hf_spec_draft_steps")
     return layers[2] if layers is not None else {}
 

@@ -21,7 +21,7 @@ from transformers import Cache
 from transformers.cache_utils import StaticLayer
 
 from hf_spec.core.compat import call_without_output_capture
-from hf_spec.engine.target.compiled import RECOMPILE_LIMIT, WIDTHS, CompileSettings, bucket
+from hf_spec.engine.target.compiled import RECOMPILE_LIMIT, WIDTHS, CompileSettings, bucket, whole_buffer_call
 from hf_spec.engine.target.static import RewindableStaticLayer
 from hf_spec.tree.masks import causal_mask, padded_block_mask
 
@@ -138,21 +138,14 @@ class CompiledStep:
 
     def _run(self, rows, mask: torch.Tensor, past: int, n: int, width: int) -> torch.Tensor:
         forward = self._compiled(mask.device)
-        layers = self.layers
-        for layer in layers:
-            layer.crop_to(past)
-            layer.sync_device_length()
-            layer.sliced = False
-        try:
-            if self._device.type == "cuda" and self.settings.mode_for(self._device) == "reduce-overhead":
-                torch.compiler.cudagraph_mark_step_begin()
-            with torch._dynamo.config.patch(recompile_limit=STEP_RECOMPILE_LIMIT):
-                out = forward(*(pad_rows(r, width) for r in rows), mask)
-        finally:
-            for layer in layers:
-                layer.sliced = True
-        for layer in layers:  # the rows' slots stay, the fillers' are dropped
-            layer.advance(width)
+        cuda_graphs = (
+            self._device.type == "cuda" and self.settings.mode_for(self._device) == "reduce-overhead"
+        )
+        padded = [pad_rows(r, width) for r in rows]
+        out = whole_buffer_call(
+            forward, self.layers, past, width, cuda_graphs, STEP_RECOMPILE_LIMIT, *padded, mask
+        )
+        for layer in self.layers:  # the rows' slots stay, the fillers' are dropped
             layer.crop_to(past + n)
         # drafters keep states across calls, and a CUDA graph's outputs are overwritten by its next replay
         return out[:, :n].clone()

@@ -16,7 +16,7 @@ from hf_spec.core.config import MethodConfig, read_config
 from hf_spec.core.drafter import Drafter, RoundResult, SpecState
 from hf_spec.core.hub_ids import HEAD_CONFIG_FILES, resolve_folder, resolve_head_folder
 from hf_spec.core.specs import HEAD_IN_THIS_FOLDER
-from hf_spec.engine.compiled_step import CompiledStep, rewindable_cache
+from hf_spec.engine.compiled_step import draft_steps, rewindable_cache
 from hf_spec.engine.target.cache import cache_length
 from hf_spec.engine.target.profile import target_profile
 from hf_spec.engine.target.static import static_capacity
@@ -141,7 +141,7 @@ class HeadDrafter(Drafter):
         self.pending_features: list[torch.Tensor] = []  # [n, H] chunks
         # positions the head's cache lacks: cached before this call (no features) or dropped by `max_catch_up`
         self.skipped = 0
-        self._use_eager_steps()
+        self._use_steps(None)
 
     def head_steps(self) -> dict[str, Callable]:
         """The head's forwards by the attribute they are called through, each `step(*rows, mask, cache)` with
@@ -154,25 +154,19 @@ class HeadDrafter(Drafter):
         cfg = self.config
         return max(getattr(cfg, "depth", 1) + 1, getattr(cfg, "topk", 1))
 
-    def _use_eager_steps(self) -> None:
-        for name, step in self.head_steps().items():
-            setattr(self, name, step)
-
-    def _use_compiled_steps(self, settings, capacity: int) -> None:
-        """Point the step attributes at compiled forwards over a static head cache of `capacity` slots (kept on the
-        drafter: later compiled generations reuse what was compiled)."""
-        key = (settings, capacity)
-        kept = self.__dict__.get("_compiled_steps")
-        if kept is None or kept[0] != key:
-            cache = rewindable_cache(capacity)
-            steps = {
-                name: CompiledStep(step, cache, settings, self.compiled_rows())
-                for name, step in self.head_steps().items()
-            }
-            kept = self.__dict__["_compiled_steps"] = (key, cache, steps)
-        _, self.cache, steps = kept
-        self.cache.layers[0].crop_to(0)
-        for name, step in steps.items():
+    def _use_steps(self, settings, capacity: int = 0) -> None:
+        """Point the step attributes at the head's forwards: as they are (`settings` None), or compiled over a
+        static head cache of `capacity` slots, both kept on the drafter so later compiled generations reuse what
+        was compiled (`hf_spec.engine.compiled_step.draft_steps`)."""
+        cache = None
+        if settings is not None:
+            cache = self.__dict__.get("_head_static_cache")
+            if cache is None or static_capacity(cache) != capacity:
+                cache = self.__dict__["_head_static_cache"] = rewindable_cache(capacity)
+            cache.layers[0].crop_to(0)
+            self.cache = cache
+        steps = {name: (step, self.compiled_rows(), None) for name, step in self.head_steps().items()}
+        for name, step in draft_steps(self, cache, settings, steps).items():
             setattr(self, name, step)
 
     @contextlib.contextmanager
@@ -195,8 +189,9 @@ class HeadDrafter(Drafter):
         """A copy sharing the loaded head and packed weights, with its own head cache."""
         twin = copy.copy(self)
         twin.cache, twin.pending_features = DynamicCache(), []
-        twin.__dict__.pop("_compiled_steps", None)
-        twin._use_eager_steps()
+        twin.__dict__.pop("_hf_spec_draft_steps", None)
+        twin.__dict__.pop("_head_static_cache", None)
+        twin._use_steps(None)
         return twin
 
     def begin(self, state: SpecState) -> None:
@@ -206,9 +201,9 @@ class HeadDrafter(Drafter):
         self.backend = state.backend  # this generation's (`HF_SPEC_BACKEND` may have changed since the last)
         if state.compile_settings is None:
             self.cache = DynamicCache()
-            self._use_eager_steps()
+            self._use_steps(None)
         else:
-            self._use_compiled_steps(state.compile_settings, static_capacity(state.cache) + self.DRAFT_SLOTS)
+            self._use_steps(state.compile_settings, static_capacity(state.cache) + self.DRAFT_SLOTS)
         seen = 0 if state.hidden_states is None else state.hidden_states.shape[1]
         if seen > state.seq_len - 1:
             raise ValueError(

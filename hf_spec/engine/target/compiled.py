@@ -132,27 +132,16 @@ class CompiledVerifier:
             keys = torch.arange(self.capacity, device=device)[None].clone()
             keys[:, past : past + width] = positions
             mask = windowed_mask(self.model, mask, positions, keys)
-        layers = self.cache.layers
-        for layer in layers:  # the block goes after the committed slots, whatever a drafter left above them
-            layer.crop_to(past)
-            layer.sync_device_length()
-            layer.sliced = False
         key = (width, output_hidden_states)
-        try:
-            if self._cuda_graphs:
-                torch.compiler.cudagraph_mark_step_begin()
-            if key not in self.widths_compiled:
-                logger.info("compiling the verification forward for %d rows", width)
-                self.widths_compiled.add(key)
-            # one graph per width, more than dynamo's default recompile limit for one function; a guard on global
-            # state (a model class used for the first time) recompiles them all once more
-            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-                logits, hidden = self._forward(ids, positions, mask, output_hidden_states)
-        finally:
-            for layer in layers:
-                layer.sliced = True
-        for layer in layers:
-            layer.advance(width)
+        if key not in self.widths_compiled:
+            logger.info("compiling the verification forward for %d rows", width)
+            self.widths_compiled.add(key)
+        # one graph per width, more than dynamo's default recompile limit for one function; a guard on global state
+        # (a model class used for the first time) recompiles them all once more
+        logits, hidden = whole_buffer_call(
+            self._forward, self.cache.layers, past, width, self._cuda_graphs, RECOMPILE_LIMIT,
+            ids, positions, mask, output_hidden_states,
+        )  # fmt: skip
         self.compiled_calls += 1
         hidden = tuple(h[:, :n] for h in hidden) if hidden is not None else None
         return SimpleNamespace(logits=logits[:, :n], hidden_states=hidden)
@@ -167,6 +156,27 @@ class CompiledVerifier:
             self(root, tree, past, width, output_hidden_states)
         for layer in self.cache.layers:
             layer.crop_to(past)
+
+
+def whole_buffer_call(forward, layers, past: int, width: int, cuda_graphs: bool, recompile_limit: int, *args):
+    """`forward(*args)`, a compiled forward writing `width` slots after `past` into the static `layers` (each a
+    `RewindableStaticLayer`): the block goes after the committed slots whatever a drafter left above them, the
+    layers take the stock whole-buffer update during the call, and hold `past + width` slots after it."""
+    for layer in layers:
+        layer.crop_to(past)
+        layer.sync_device_length()
+        layer.sliced = False
+    try:
+        if cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        with torch._dynamo.config.patch(recompile_limit=recompile_limit):
+            out = forward(*args)
+    finally:
+        for layer in layers:
+            layer.sliced = True
+    for layer in layers:
+        layer.advance(width)
+    return out
 
 
 def compiled_verifier(model: PreTrainedModel, cache, settings: CompileSettings) -> CompiledVerifier:
