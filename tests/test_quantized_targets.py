@@ -93,7 +93,11 @@ def _weights(out_features: int, in_features: int) -> dict[str, GroupQuantWeight]
         "u4-min": quantize_int4(w),
         "u5-min": GroupQuantWeight.from_codes(codes, scale, -16 * scale, CodeLayout.U5, 32),
     } | (
-        {"u4-64": GroupQuantWeight.from_codes(codes & 15, scale[:, ::2].contiguous(), None, CodeLayout.U4, 64)}
+        {
+            "u4-64": GroupQuantWeight.from_codes(
+                codes & 15, scale[:, ::2].contiguous(), None, CodeLayout.U4, 64
+            )
+        }
         if in_features % 64 == 0
         else {}
     )
@@ -326,6 +330,10 @@ def test_tiny_gguf_target_keeps_its_blocks_and_decodes_as_its_own_generate(tmp_p
     quantize_gguf(model, path)
     assert all(m.packed.int8_activations for m in model.modules() if isinstance(m, QuantizedLinear))
     assert "int8 inputs" in quantization_report(model)
+    from hf_spec.engine.target.profile import target_profile
+
+    # the tree check and the near-tie accounting allow for the rounding
+    assert target_profile(model).rounded_inputs
     with torch.no_grad():
         assert float((model(x).logits - dense).abs().amax()) <= 0.05 * float(dense.abs().amax())
     for spec in ("pld", "draft-model"):
@@ -368,9 +376,10 @@ def test_quantized_modules_stay_on_the_cpu_and_keep_float32_scales():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("name", ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"])
 def test_known_gguf_target_decodes_as_its_own_generate(name, dtype):
-    """The real GGUFs (fetched once with `hf-spec fetch NAME`): every quantized tensor kept; in float32 the output
-    equals the target's own `generate`, in bfloat16 (activations rounded between layers, attention in bfloat16) a
-    departure must be a near-tie, measured as for unquantized bfloat16 targets."""
+    """The real GGUFs (fetched once with `hf-spec fetch NAME`): every quantized tensor kept; the linears round their
+    inputs to int8 (as llama.cpp), so float noise between forward shapes can cross a rounding step: a departure from
+    the target's own `generate` must be a near-tie, measured as for LLM.int8 targets (in bfloat16, also as for
+    unquantized bfloat16 targets)."""
     from hf_spec.bench.lossless import compare_greedy
     from hf_spec.models import FetchError, load_model, resolve_model
 
@@ -388,7 +397,4 @@ def test_known_gguf_target_decodes_as_its_own_generate(name, dtype):
             ids, max_new_tokens=32, do_sample=False, custom_generate=SpeculativeDecoder("pld")
         )
         verdict = compare_greedy(model, ids, ref, out[0, ids.shape[1] :].tolist())
-        if dtype == torch.float32:
-            assert verdict["lossless"], verdict
-        else:
-            assert verdict["lossless"] or verdict["near_tie"], verdict
+        assert verdict["lossless"] or verdict["near_tie"], verdict
