@@ -9,8 +9,9 @@ NEAR_TIE = 1e-3  # float32: logits of one position agree to ~1e-5 across the for
 # bfloat16 and float16: incremental decoding and one full forward of the same text differ by tenths of a logit in
 # bfloat16, so a choice within these gaps is a numeric tie there
 NEAR_TIE_BY_DTYPE = {torch.bfloat16: 0.5, torch.float16: 0.0625}
-# LLM.int8 targets (bitsandbytes 8-bit) quantize activations: float noise between forward shapes crosses an outlier
-# threshold or an int8 rounding step now and then and moves a row's logits by up to ~2 (SmolLM2-135M)
+# targets whose linears round activations to int8 (bitsandbytes' LLM.int8, hf-spec's GGUF linears): float noise
+# between forward shapes crosses an outlier threshold or an int8 rounding step now and then and moves a row's logits
+# by up to ~2 (SmolLM2-135M, LLM.int8)
 INT8_ACTIVATIONS_NEAR_TIE = 2.0
 
 
@@ -22,7 +23,7 @@ def near_tie_threshold(dtype: torch.dtype) -> float:
 def _threshold(model) -> float:
     from hf_spec.engine.target.profile import target_profile
 
-    quantized = target_profile(model).int8_rows
+    quantized = target_profile(model).rounded_inputs
     return max(near_tie_threshold(model.dtype), INT8_ACTIVATIONS_NEAR_TIE if quantized else 0.0)
 
 

@@ -119,8 +119,9 @@ PyObject* py_gemm_bf16(PyObject*, PyObject* args) {
 }
 
 // (x_ptr, codes_ptr, high_ptr_or_0, scale_ptr, min_ptr_or_0, bias_ptr_or_0, y_ptr, M, N, K, layout, group, isa):
-// `skinny_gemm_gq`, without the GIL
-PyObject* py_gemm_gq(PyObject*, PyObject* args) {
+// `skinny_gemm_gq` (float x) or, with `int8_x`, `skinny_gemm_gq_q8`, without the GIL
+PyObject* run_gemm_gq(PyObject* args, bool int8_x) {
+  const char* name = int8_x ? "gemm_gq_q8" : "gemm_gq";
   unsigned long long p[7];
   long long M, N, K, group;
   int layout, isa;
@@ -129,16 +130,21 @@ PyObject* py_gemm_gq(PyObject*, PyObject* args) {
     return nullptr;
   const GroupQuantWeight w{reinterpret_cast<const void*>(p[1]), reinterpret_cast<const uint32_t*>(p[2]),
                            reinterpret_cast<const float*>(p[3]), reinterpret_cast<const float*>(p[4]), layout, group};
-  if (M < 1 || N < 1 || K < 1 || !p[0] || !p[6] || !group_quant_valid(w, K)) {
-    PyErr_SetString(PyExc_ValueError, "gemm_gq: bad shape, layout, group size or null pointer");
+  if (M < 1 || N < 1 || K < 1 || !p[0] || !p[6] || !group_quant_valid(w, K) || (int8_x && K % 32)) {
+    PyErr_Format(PyExc_ValueError, "%s: bad shape, layout, group size or null pointer", name);
     return nullptr;
   }
   if (isa < 0 || isa > best_isa()) isa = best_isa();
-  return without_gil("gemm_gq", [&] {
-    skinny_gemm_gq(reinterpret_cast<const float*>(p[0]), w, reinterpret_cast<const float*>(p[5]),
-                   reinterpret_cast<float*>(p[6]), M, N, K, isa);
+  return without_gil(name, [&] {
+    (int8_x ? skinny_gemm_gq_q8 : skinny_gemm_gq)(reinterpret_cast<const float*>(p[0]), w,
+                                                  reinterpret_cast<const float*>(p[5]), reinterpret_cast<float*>(p[6]),
+                                                  M, N, K, isa);
   });
 }
+
+PyObject* py_gemm_gq(PyObject*, PyObject* args) { return run_gemm_gq(args, false); }
+
+PyObject* py_gemm_gq_q8(PyObject*, PyObject* args) { return run_gemm_gq(args, true); }
 
 PyObject* py_has_bf16(PyObject*, PyObject*) { return PyBool_FromLong(has_bf16()); }
 
@@ -155,6 +161,9 @@ PyMethodDef kMethods[] = {
     {"gemm_gq", py_gemm_gq, METH_VARARGS,
      "gemm_gq(x_ptr, codes_ptr, high_ptr_or_0, scale_ptr, min_ptr_or_0, bias_ptr_or_0, y_ptr, M, N, K, layout, group, "
      "isa)"},
+    {"gemm_gq_q8", py_gemm_gq_q8, METH_VARARGS,
+     "gemm_gq_q8(x_ptr, codes_ptr, high_ptr_or_0, scale_ptr, min_ptr_or_0, bias_ptr_or_0, y_ptr, M, N, K, layout, "
+     "group, isa)"},
     {"select_within", py_select_within, METH_VARARGS,
      "select_within(a_ptr, floor_ptr, ew_ptr, eq_ptr, coef_ptr, qn_ptr, keep_ptr, M, N)"},
     {"best_isa", py_best_isa, METH_NOARGS, "0 scalar, 1 AVX2+FMA, 2 AVX-512"},

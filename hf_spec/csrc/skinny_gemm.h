@@ -56,6 +56,10 @@ bool group_quant_valid(const GroupQuantWeight& w, int64_t K);
 // y = x @ w^T (+ bias), fp32 x, y and sums, w de-quantized in registers (gemm_group_quant.cpp)
 void skinny_gemm_gq(const float* x, const GroupQuantWeight& w, const float* bias, float* y, int64_t M, int64_t N,
                     int64_t K, int isa);
+// the same with each 32-input run of each row of x quantized to int8 (d = max |x| / 127) and integer dot products
+// (gemm_group_quant_q8.cpp); K a multiple of 32
+void skinny_gemm_gq_q8(const float* x, const GroupQuantWeight& w, const float* bias, float* y, int64_t M, int64_t N,
+                       int64_t K, int isa);
 // keep[j] = some row m of a (M, N) has a[m, j] + ew[m] coef[j] + eq[m] qn[j] >= floor[m] (select_within.cpp)
 void select_within(const float* a, const float* floor, const float* ew, const float* eq, const float* coef,
                    const float* qn, uint8_t* keep, int64_t M, int64_t N);

@@ -7,10 +7,14 @@ at load. Codes are int8 (`CodeLayout.I8`), or unsigned 4-bit (`U4`) / 5-bit (`U5
 two a byte. Where a weight has mins, `scale * code` is exact in float32 (the packers see to it), so the kernel's
 fused multiply-add and this module's `dequantize` give the same weight bits.
 
-The kernel takes 1..`MAX_ROWS` rows of float32 x (bfloat16 x is widened first, exactly), sums in float32 and gives
-each row the same bits whatever the number of rows beside it: a verification's rows equal one-row decoding's.
-More rows (a prefill), or no kernel (`HF_SPEC_NO_CPP_KERNELS=1`, no compiler, not x86), run the torch twin:
-`F.linear(x.float(), dequantize())`. `group_quant_linear` is registered as the custom op
+The kernel takes float32 x (bfloat16 x is widened first, exactly), `MAX_ROWS` rows a call, sums in float32 and
+gives each row the same bits whatever the number of rows beside it: a verification's rows, and a prefill's, equal
+one-row decoding's. A weight with `int8_activations` has the kernel quantize each run of 32 inputs of x to int8
+first and multiply integers (`gemm_group_quant_q8.cpp`; `quantize_activations` is that rounding in torch), as
+llama.cpp computes a GGUF's quantized weights: several times fewer instructions a weight on CPUs without native
+bfloat16 products. Without a kernel (`HF_SPEC_NO_CPP_KERNELS=1`, no compiler, not x86) the torch twin runs:
+`F.linear(x.float(), dequantize())` (x through `quantize_activations` first where the weight asks), the same
+function up to the order of float32 sums. `group_quant_linear` is registered as the custom op
 `hf_spec::group_quant_linear`, so `torch.compile` calls it without a graph break.
 """
 
@@ -25,8 +29,9 @@ import torch.nn.functional as F
 from hf_spec.kernels import cpu_skinny_gemm
 from hf_spec.kernels.cpu_skinny_gemm import ISA_AUTO, ISA_AVX2
 
-MAX_ROWS = 64  # rows of x the kernel takes; more run the torch twin
+MAX_ROWS = 64  # rows of x a kernel call takes; more are split into calls of this many
 RUN = 32  # codes per packed run (U4 / U5)
+ACTIVATION_RUN = 32  # inputs per int8 scale of x with `int8_activations`
 DEQUANTIZE_ROWS = 4096  # rows of a weight de-quantized at a time
 
 
@@ -44,7 +49,11 @@ class GroupQuantWeight:
 
     `codes`: int8 `(out_features, in_features)` (I8) or uint8 `(out_features, in_features // 2)` (U4, U5);
     `scale`, `min`: float32 `(out_features, in_features // group_size)` (`min` None where the format has none);
-    `high`: int32 `(out_features, in_features // 32)` (U5 only)."""
+    `high`: int32 `(out_features, in_features // 32)` (U5 only).
+
+    `int8_activations`: products with this weight quantize x first, each run of 32 inputs of a row to int8
+    (`quantize_activations`), and multiply integers (as llama.cpp computes its GGUF weights); `in_features` a
+    multiple of 32. Otherwise x is used as given, in float32."""
 
     codes: torch.Tensor
     scale: torch.Tensor
@@ -53,6 +62,7 @@ class GroupQuantWeight:
     layout: CodeLayout
     group_size: int
     in_features: int
+    int8_activations: bool = False
 
     def __post_init__(self) -> None:
         self.layout = CodeLayout(self.layout)
@@ -75,6 +85,8 @@ class GroupQuantWeight:
             raise ValueError(
                 f"high must be int32 {(n, k // RUN)}, got {self.high.dtype} {tuple(self.high.shape)}"
             )
+        if self.int8_activations and k % ACTIVATION_RUN:
+            raise ValueError(f"int8 activations need in_features divisible by {ACTIVATION_RUN}, got {k}")
         for name in ("codes", "scale", "min", "high"):
             t = getattr(self, name)
             if t is not None:
@@ -166,7 +178,19 @@ class GroupQuantWeight:
             self.layout,
             self.group_size,
             self.in_features,
+            self.int8_activations,
         )
+
+
+def quantize_activations(x: torch.Tensor) -> torch.Tensor:
+    """x `(..., K)` as the int8-activation kernel sees it, float32 `(..., K)`: each run of 32 inputs of a row
+    quantized to `q = round(x / d)` (to nearest, ties to even) with `d = max |x| / 127` (q = 0 where d = 0), and
+    given back as `d * q`."""
+    x = x.float()
+    runs = x.reshape(*x.shape[:-1], x.shape[-1] // ACTIVATION_RUN, ACTIVATION_RUN)
+    d = runs.abs().amax(dim=-1, keepdim=True) / 127
+    inv = torch.where(d > 0, 1 / torch.where(d > 0, d, torch.ones_like(d)), torch.zeros_like(d))
+    return ((runs * inv).round() * d).reshape(x.shape)
 
 
 _best_isa: int | None = None
@@ -188,12 +212,13 @@ def kernel_group_linear(
     x: torch.Tensor, weight: GroupQuantWeight, bias: torch.Tensor | None = None, isa: int = ISA_AUTO
 ) -> torch.Tensor | None:
     """`F.linear(x, weight.dequantize(), bias)` by the kernel, float32 `(..., out_features)`, for float32 x
-    `(..., in_features)` with 1..`MAX_ROWS` rows, contiguous on CPU, and float32 `bias` `(out_features,)`; None where
-    it does not apply (other dtypes or rows, autograd, no kernel)."""
+    `(..., in_features)`, contiguous on CPU, and float32 `bias` `(out_features,)`; None where it does not apply
+    (other dtypes, autograd, no kernel). Rows go to the kernel `MAX_ROWS` at a time (their x stays in the cache
+    while a tile of the weight meets it); each row's bits do not depend on the rows beside it."""
     if x.dim() == 0 or x.shape[-1] != weight.in_features or x.dtype != torch.float32 or not x.is_cpu:
         return None
     rows = x.numel() // weight.in_features
-    if not 1 <= rows <= MAX_ROWS or not x.is_contiguous() or (torch.is_grad_enabled() and x.requires_grad):
+    if rows < 1 or not x.is_contiguous() or (torch.is_grad_enabled() and x.requires_grad):
         return None
     n = weight.out_features
     if bias is not None and (bias.dtype != torch.float32 or bias.shape != (n,) or not bias.is_contiguous()):
@@ -203,30 +228,37 @@ def kernel_group_linear(
         return None
     y = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
     ptr = [0 if t is None else t.data_ptr() for t in (weight.high, weight.min, bias)]
-    mod.gemm_gq(
-        x.data_ptr(),
-        weight.codes.data_ptr(),
-        ptr[0],
-        weight.scale.data_ptr(),
-        ptr[1],
-        ptr[2],
-        y.data_ptr(),
-        rows,
-        n,
-        weight.in_features,
-        int(weight.layout),
-        weight.group_size,
-        isa,
-    )
+    gemm = mod.gemm_gq_q8 if weight.int8_activations else mod.gemm_gq
+    k = weight.in_features
+    for start in range(0, rows, MAX_ROWS):
+        m = min(MAX_ROWS, rows - start)
+        gemm(
+            x.data_ptr() + start * k * 4,
+            weight.codes.data_ptr(),
+            ptr[0],
+            weight.scale.data_ptr(),
+            ptr[1],
+            ptr[2],
+            y.data_ptr() + start * n * 4,
+            m,
+            n,
+            k,
+            int(weight.layout),
+            weight.group_size,
+            isa,
+        )
     return y
 
 
 def reference_group_linear(
     x: torch.Tensor, weight: GroupQuantWeight, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """The torch twin: `F.linear(x.float(), weight.dequantize(), bias)`, float32 `(..., out_features)`, over
-    `DEQUANTIZE_ROWS` output features at a time (a large LM head is never de-quantized whole)."""
+    """The torch twin: `F.linear(x.float(), weight.dequantize(), bias)` (x through `quantize_activations` for a
+    weight with `int8_activations`), float32 `(..., out_features)`, over `DEQUANTIZE_ROWS` output features at a time
+    (a large LM head is never de-quantized whole)."""
     x, bias = x.float(), None if bias is None else bias.float()
+    if weight.int8_activations:
+        x = quantize_activations(x)
     n = weight.out_features
     if n <= DEQUANTIZE_ROWS:
         return F.linear(x, weight.dequantize(), bias)
@@ -258,15 +290,18 @@ def group_quant_linear(
     bias: torch.Tensor | None,
     layout: int,
     group_size: int,
+    int8_activations: bool = False,
 ) -> torch.Tensor:
     """`group_linear` as a torch op: x `(..., in_features)`, the weight's tensors as `GroupQuantWeight` holds them;
     returns `(..., out_features)` in x's dtype."""
-    weight = GroupQuantWeight(codes, scale, min, high, CodeLayout(layout), group_size, x.shape[-1])
+    weight = GroupQuantWeight(
+        codes, scale, min, high, CodeLayout(layout), group_size, x.shape[-1], int8_activations
+    )
     return group_linear(x, weight, bias)
 
 
 @group_quant_linear.register_fake
-def _(x, codes, scale, min, high, bias, layout, group_size):
+def _(x, codes, scale, min, high, bias, layout, group_size, int8_activations=False):
     return x.new_empty((*x.shape[:-1], scale.shape[0]))
 
 
@@ -285,6 +320,7 @@ def quantized_linear(
             bias,
             int(weight.layout),
             weight.group_size,
+            weight.int8_activations,
         )
     return group_linear(x, weight, bias)
 
@@ -296,6 +332,7 @@ __all__ = [
     "group_linear",
     "group_quant_linear",
     "kernel_group_linear",
+    "quantize_activations",
     "quantized_linear",
     "reference_group_linear",
 ]

@@ -3,8 +3,11 @@ kernel, so stock `generate` and hf-spec's verification compute the same quantize
 
 Schemes (`load_model(..., quantize=...)`, `--quantize`):
 - `gguf`: the blocks of the GGUF a known target was fetched from (`hf-spec fetch NAME`), repacked, not
-  de-quantized (`hf_spec.models.gguf_blocks`); each linear computes exactly the GGUF's de-quantized weight. The
-  embedding de-quantizes its rows on lookup; a tied LM head shares its blocks. Tensors stored in float stay as loaded.
+  de-quantized (`hf_spec.models.gguf_blocks`); each linear's weight is exactly the GGUF's de-quantized weight and,
+  as llama.cpp runs a GGUF, its inputs are rounded to int8 per run of 32 and multiplied as integers
+  (`GroupQuantWeight.int8_activations`; `quantize_gguf(..., int8_activations=False)` multiplies them in float32
+  instead). The embedding de-quantizes its rows on lookup; a tied LM head shares its blocks. Tensors stored in
+  float stay as loaded.
 - `int8`: weight-only int8 made here, one scale per output channel (symmetric, as torchao's
   `Int8WeightOnlyConfig` and optimum-quanto's `qint8` weights).
 - `int4`: weight-only int4 made here, groups of 32 inputs with a scale and a min each (asymmetric, as torchao's
@@ -109,10 +112,12 @@ def _row_order(processor, name: str, rows: int) -> np.ndarray | None:
     return None if np.array_equal(order, np.arange(rows)) else order
 
 
-def quantize_gguf(model: nn.Module, gguf_path: str | Path) -> int:
+def quantize_gguf(model: nn.Module, gguf_path: str | Path, int8_activations: bool = True) -> int:
     """Replace `model`'s linears and embedding whose GGUF tensors are quantized by modules holding those blocks
     (in place); `model` must be the GGUF's de-quantized conversion (a sample of rows of each weight is compared,
-    bit for bit in the model's dtype). Returns how many modules were replaced."""
+    bit for bit in the model's dtype). With `int8_activations` the linears quantize their inputs to int8 per run of
+    32 and multiply integers, as llama.cpp runs a GGUF; without, they multiply the inputs as given in float32.
+    Returns how many modules were replaced."""
     try:
         from gguf import GGMLQuantizationType, GGUFReader
     except ImportError:
@@ -160,6 +165,7 @@ def quantize_gguf(model: nn.Module, gguf_path: str | Path) -> int:
         order = _row_order(processor, tensor.name, weight.shape[0])
         if order is not None:
             packed = packed.select_rows(torch.from_numpy(order))
+        packed.int8_activations = int8_activations
         rows = torch.linspace(0, weight.shape[0] - 1, _CHECK_ROWS).long().unique()
         if not torch.equal(packed.dequantize(rows).to(weight.dtype), weight.detach()[rows]):
             raise ValueError(
@@ -211,6 +217,9 @@ def quantization_report(model: nn.Module) -> str:
     kinds = ", ".join(f"{n} {s}" for s, n in sorted(quantized.items()))
     embed = model.get_input_embeddings()
     lookup = "; embedding de-quantized by row" if isinstance(embed, QuantizedEmbedding) else ""
+    rounded = sum(1 for m in model.modules() if isinstance(m, QuantizedLinear) and m.packed.int8_activations)
+    if rounded:
+        lookup += f"; {rounded} with int8 inputs (rounded per 32, as llama.cpp)"
     rest = f"; {dense} nn.Linear unquantized" if dense else ""
     return f"yes: {sum(quantized.values())} linears on hf-spec's quantized kernel ({kinds}){lookup}{rest}"
 

@@ -48,7 +48,8 @@ def _failure(model: PreTrainedModel) -> str | None:
     tokens = [(vocab // 3 + 7 * i) % vocab for i in range(7)]
     prefix, (root, a, b, c) = tokens[:3], tokens[3:]
     tolerance = TOLERANCE.get(model.dtype, LOW_PRECISION_TOLERANCE)
-    if target_profile(model).int8_rows:  # LLM.int8 rounds activations: float noise can cross its steps
+    # int8 inputs (LLM.int8, GGUF linears): float noise can cross their rounding steps
+    if target_profile(model).rounded_inputs:
         tolerance = LOW_PRECISION_TOLERANCE
     with torch.no_grad(), target_profile(model).backend.verification(model):
         want = model(input_ids=torch.tensor([[*prefix, root, b, c]], device=device)).logits[0, 3:].float()

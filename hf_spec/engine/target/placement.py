@@ -34,6 +34,8 @@ class TargetPlacement:
         devices: the devices the weights (or, offloaded, their forwards) run on.
         int8_rows: bitsandbytes LLM.int8 layers pick outlier columns over all rows of a forward.
         plain_linears: every `nn.Linear` weight is a plain tensor (no quantized tensor subclass).
+        rounded_inputs: some linears round their inputs to int8 (LLM.int8, hf-spec's GGUF linears), so float noise
+            between forwards of different shape can cross a rounding step and move a row's logits visibly.
     """
 
     quantization: str | None
@@ -41,6 +43,7 @@ class TargetPlacement:
     devices: tuple[str, ...]
     int8_rows: bool
     plain_linears: bool
+    rounded_inputs: bool = False
 
     @property
     def cpu_kernels_apply(self) -> bool:
@@ -104,15 +107,23 @@ def target_placement(model: nn.Module) -> TargetPlacement:
         for m in model.modules()
         if type(m) is nn.Linear and m.weight is not None
     )
+    outliers = bool(outlier_layers(model))
     placement = TargetPlacement(
         quantization=quantization_name(model),
         offloaded=offloaded,
         devices=tuple(sorted(devices)),
-        int8_rows=bool(outlier_layers(model)),
+        int8_rows=outliers,
         plain_linears=plain,
+        rounded_inputs=outliers or any(_rounds_inputs(m) for m in model.modules()),
     )
     model.__dict__[_PLACEMENT_KEY] = (key, placement)
     return placement
+
+
+def _rounds_inputs(module: nn.Module) -> bool:
+    """A quantized linear of hf-spec's (`hf_spec.models.quant_modules.QuantizedLinear`) whose weight has
+    `int8_activations` (read by attribute: the target's code does not import the model loaders)."""
+    return bool(getattr(getattr(module, "packed", None), "int8_activations", False))
 
 
 def input_device(model: nn.Module) -> torch.device:

@@ -54,6 +54,11 @@ class TargetProfile:
         return self.placement.int8_rows
 
     @property
+    def rounded_inputs(self) -> bool:
+        """Some linears round their inputs to int8 (`TargetPlacement.rounded_inputs`)."""
+        return self.placement.rounded_inputs
+
+    @property
     def sliding(self) -> bool:
         return any(w is not None for w in self.windows)
 

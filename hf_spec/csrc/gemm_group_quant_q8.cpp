@@ -1,0 +1,270 @@
+// y[M, N] = x'[M, K] @ w[N, K]^T (+ bias) for group-quantized w (the layouts of gemm_group_quant.cpp) where x' is x
+// with each run of 32 inputs of each row quantized to int8 as llama.cpp quantizes activations for its integer dot
+// products: d = max |x| / 127, q = round-to-nearest-even(x / d) (q = 0 where d = 0), x' = d * q.
+//
+// The products are integer: for a run r of 32 inputs, sum_k code[n, k] * q[m, k] is exact in int32, then
+//   y[m, n] = sum_r (scale[n, g(r)] * d[m, r]) * isum[n, m, r] (+ sum_g min[n, g] * sum_{k in g} x'[m, k]) (+ bias)
+// with fp32 sums over runs kept lane by lane in a fixed order, so a row of x gets the same bits alone (decoding) as
+// among 64 (verification). Per 64 packed codes this costs two byte shuffles and a handful of integer multiply-adds
+// where the float kernel (gemm_group_quant.cpp) widens every code to fp32.
+//
+// Packed (U4 / U5) weights are read two runs at a time: one 32-byte load holds runs 2p and 2p + 1, its low nibbles
+// codes 0-15 of both and its high nibbles codes 16-31 of both. The quantized rows of x are stored in that order
+// (q of run 2p codes 0-15, run 2p + 1 codes 0-15, run 2p codes 16-31, run 2p + 1 codes 16-31), natural order
+// for an odd last run and for int8 (I8) weights.
+#include <cmath>
+#include <vector>
+
+#include "skinny_gemm.h"
+
+namespace hf_spec {
+namespace {
+
+constexpr int NR_Q8 = 4;  // rows of w per tile
+constexpr int MR_Q8 = 2;  // rows of x per tile: 4 x 2 accumulators (+ 4 x 2 for mins) fit the 16 ymm registers
+constexpr int RUN_Q8 = 32;
+
+// the rows of x quantized: q [M, K] (int8, in the order above), d [M, K / 32] (fp32) and, where w has mins,
+// gsum [M, K / group]: sum over each group of x' (fp32, runs in order)
+struct QuantizedRows {
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<float> gsum;
+  int64_t K = 0, runs = 0, groups = 0;
+};
+
+// run r of a row of x: its scale, and its codes at `out` (natural order) or, paired with its neighbour, at the
+// interleaved positions; returns d
+float quantize_run(const float* x, int8_t* q, int stride_lo, int stride_hi) {
+  float amax = 0.f;
+  for (int i = 0; i < RUN_Q8; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float d = amax / 127.f;
+  const float id = d > 0.f ? 1.f / d : 0.f;
+  for (int i = 0; i < 16; ++i) q[i * stride_lo] = static_cast<int8_t>(std::nearbyint(x[i] * id));
+  for (int i = 16; i < 32; ++i) q[stride_hi + (i - 16) * stride_lo] = static_cast<int8_t>(std::nearbyint(x[i] * id));
+  return d;
+}
+
+void quantize_rows(const float* x, const GroupQuantWeight& w, int64_t M, int64_t K, QuantizedRows& out) {
+  const bool paired = w.layout != kCodesI8;
+  out.K = K;
+  out.runs = K / RUN_Q8;
+  out.groups = K / w.group;
+  out.q.resize(M * K);
+  out.d.resize(M * out.runs);
+  out.gsum.assign(w.min ? M * out.groups : 0, 0.f);
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xm = x + m * K;
+    int8_t* qm = out.q.data() + m * K;
+    float* dm = out.d.data() + m * out.runs;
+    for (int64_t r = 0; r < out.runs; ++r) {
+      int8_t* base;
+      if (paired && (r | 1) < out.runs) {  // a run of a pair: codes 0-15 at +0 / +16, codes 16-31 at +32 / +48
+        base = qm + (r & ~int64_t{1}) * RUN_Q8 + (r & 1) * 16;
+        dm[r] = quantize_run(xm + r * RUN_Q8, base, 1, 32);
+      } else {
+        base = qm + r * RUN_Q8;
+        dm[r] = quantize_run(xm + r * RUN_Q8, base, 1, 16);
+      }
+    }
+    if (w.min) {  // sum of x' over each group, in the order of its inputs' runs (a group of 16 is half a run)
+      float* gm = out.gsum.data() + m * out.groups;
+      for (int64_t k0 = 0; k0 < K; k0 += 16) {
+        const int64_t r = k0 / RUN_Q8, half = (k0 % RUN_Q8) / 16;
+        int32_t s = 0;
+        for (int i = 0; i < 16; ++i) {
+          const int64_t code = half * 16 + i;  // position within the run
+          int64_t at;
+          if (paired && (r | 1) < out.runs)
+            at = (r & ~int64_t{1}) * RUN_Q8 + (r & 1) * 16 + (code < 16 ? code : 32 + code - 16);
+          else
+            at = r * RUN_Q8 + code;
+          s += qm[at];
+        }
+        gm[k0 / w.group] += dm[r] * static_cast<float>(s);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------- plain C++
+
+// code k of row n of w (the same unpacking as gemm_group_quant.cpp)
+inline int32_t code_at(const GroupQuantWeight& w, int64_t n, int64_t k, int64_t K) {
+  if (w.layout == kCodesI8) return static_cast<const int8_t*>(w.codes)[n * K + k];
+  const uint8_t* row = static_cast<const uint8_t*>(w.codes) + n * (K / 2);
+  const int64_t run = k / 32, i = k % 32;
+  const uint8_t byte = row[run * 16 + (i & 15)];
+  int32_t c = i < 16 ? (byte & 15) : (byte >> 4);
+  if (w.layout == kCodesU5) c |= static_cast<int32_t>((w.high[n * (K / 32) + run] >> i) & 1u) << 4;
+  return c;
+}
+
+// q of input k of row m (undoing the pairing)
+inline int32_t q_at(const QuantizedRows& xq, const GroupQuantWeight& w, int64_t m, int64_t k) {
+  const int64_t r = k / RUN_Q8, i = k % RUN_Q8;
+  int64_t at = r * RUN_Q8 + i;
+  if (w.layout != kCodesI8 && (r | 1) < xq.runs)
+    at = (r & ~int64_t{1}) * RUN_Q8 + (r & 1) * 16 + (i < 16 ? i : 32 + i - 16);
+  return xq.q[m * xq.K + at];
+}
+
+void rows_scalar_q8(const QuantizedRows& xq, const GroupQuantWeight& w, const float* bias, float* y, int64_t n0,
+                    int64_t nr, int64_t m0, int64_t mr, int64_t N, int64_t K) {
+  for (int64_t n = n0; n < n0 + nr; ++n)
+    for (int64_t m = m0; m < m0 + mr; ++m) {
+      float acc = 0.f;
+      for (int64_t k0 = 0; k0 < K; k0 += 16) {  // half runs: a scale covers at least 16 inputs
+        int32_t s = 0;
+        for (int64_t k = k0; k < k0 + 16; ++k) s += code_at(w, n, k, K) * q_at(xq, w, m, k);
+        acc += w.scale[n * xq.groups + k0 / w.group] * xq.d[m * xq.runs + k0 / RUN_Q8] * static_cast<float>(s);
+      }
+      if (w.min)
+        for (int64_t g = 0; g < xq.groups; ++g) acc += w.min[n * xq.groups + g] * xq.gsum[m * xq.groups + g];
+      y[m * N + n] = acc + (bias ? bias[n] : 0.f);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------- AVX2
+
+// 0x10 in byte i where bit i of `bits` is set
+HF_AVX2 inline __m256i bit4_of_bits(uint32_t bits) {
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(bits)),
+      _mm256_setr_epi64x(0x0000000000000000LL, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL));
+  const __m256i lane_bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, lane_bit), lane_bit);
+  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+// int32 sums of 4 products each: lanes 0-3 codes 0-15 of the 32 bytes' first half, lanes 4-7 the second half
+HF_AVX2 inline __m256i dot_u8s8(__m256i codes_u8, __m256i q) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(codes_u8, q), _mm256_set1_epi16(1));
+}
+
+// [a x 4 | b x 4]
+HF_AVX2 inline __m256 halves(float a, float b) { return _mm256_set_m128(_mm_set1_ps(b), _mm_set1_ps(a)); }
+
+template <int LAYOUT, int NRT, int MR>
+HF_AVX2 void tile_q8_avx2(const QuantizedRows& xq, const GroupQuantWeight& w, const float* bias, float* __restrict y,
+                          int64_t n, int64_t m, int64_t N, int64_t K, int npf) {
+  const int64_t groups = xq.groups, runs = xq.runs, G = w.group;
+  const int64_t row_bytes = LAYOUT == kCodesI8 ? K : K / 2;
+  const uint8_t* codes = static_cast<const uint8_t*>(w.codes) + n * row_bytes;
+  const float* scale = w.scale + n * groups;
+  const uint32_t* high = LAYOUT == kCodesU5 ? w.high + n * runs : nullptr;
+  const int8_t* q = xq.q.data() + m * K;
+  const float* d = xq.d.data() + m * runs;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[NRT][MR];
+  for (int i = 0; i < NRT; ++i)
+    for (int j = 0; j < MR; ++j) acc[i][j] = _mm256_setzero_ps();
+  if (LAYOUT == kCodesI8) {
+    for (int64_t r = 0; r < runs; ++r) {
+      const int64_t k = r * RUN_Q8;
+      if ((k & 63) == 0)
+        for (int i = 0; i < npf; ++i)
+          _mm_prefetch(reinterpret_cast<const char*>(codes + (NRT + i) * row_bytes + k), _MM_HINT_T1);
+      __m256i qx[MR];
+      for (int j = 0; j < MR; ++j) qx[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j * K + k));
+      for (int i = 0; i < NRT; ++i) {
+        const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i * row_bytes + k));
+        const __m256i ac = _mm256_sign_epi8(c, c);  // |code| as uint8 (-128 -> 128)
+        const __m256 s = halves(scale[i * groups + k / G], scale[i * groups + (k + 16) / G]);
+        for (int j = 0; j < MR; ++j) {
+          const __m256i sums = dot_u8s8(ac, _mm256_sign_epi8(qx[j], c));
+          acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(s, _mm256_set1_ps(d[j * runs + r])),
+                                      acc[i][j]);
+        }
+      }
+    }
+  } else {
+    const int64_t pairs = runs / 2;
+    for (int64_t p = 0; p < pairs; ++p) {
+      const int64_t k = p * 64, off = p * 32;
+      if ((off & 63) == 0)
+        for (int i = 0; i < npf; ++i)
+          _mm_prefetch(reinterpret_cast<const char*>(codes + (NRT + i) * row_bytes + off), _MM_HINT_T1);
+      __m256 dp[MR];
+      for (int j = 0; j < MR; ++j) dp[j] = halves(d[j * runs + 2 * p], d[j * runs + 2 * p + 1]);
+      for (int i = 0; i < NRT; ++i) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i * row_bytes + off));
+        __m256i lo = _mm256_and_si256(raw, low4);                         // codes 0-15 of runs 2p, 2p + 1
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);  // codes 16-31 of both
+        if (LAYOUT == kCodesU5) {
+          const uint32_t h0 = high[i * runs + 2 * p], h1 = high[i * runs + 2 * p + 1];
+          lo = _mm256_or_si256(lo, bit4_of_bits((h0 & 0xFFFFu) | (h1 << 16)));
+          hi = _mm256_or_si256(hi, bit4_of_bits((h0 >> 16) | (h1 & 0xFFFF0000u)));
+        }
+        const __m256 s = halves(scale[i * groups + k / G], scale[i * groups + (k + 32) / G]);
+        for (int j = 0; j < MR; ++j) {
+          const __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j * K + k));
+          const __m256i qb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j * K + k + 32));
+          // 4 products of codes <= 31 and |q| <= 127 a lane: no int16 saturation
+          const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, qa), _mm256_maddubs_epi16(hi, qb));
+          const __m256i sums = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+          acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(s, dp[j]), acc[i][j]);
+        }
+      }
+    }
+    if (runs & 1) {  // the last run alone, natural order
+      const int64_t r = runs - 1, k = r * RUN_Q8;
+      for (int i = 0; i < NRT; ++i) {
+        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i * row_bytes + k / 2));
+        const __m128i l4 = _mm_set1_epi8(0x0F);
+        __m256i c = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), l4), _mm_and_si128(raw, l4));
+        if (LAYOUT == kCodesU5) c = _mm256_or_si256(c, bit4_of_bits(high[i * runs + r]));
+        const float sr = scale[i * groups + k / G];
+        for (int j = 0; j < MR; ++j) {
+          const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j * K + k));
+          const __m256 sd = _mm256_set1_ps(sr * d[j * runs + r]);
+          acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(c, qx)), sd, acc[i][j]);
+        }
+      }
+    }
+  }
+  for (int i = 0; i < NRT; ++i)
+    for (int j = 0; j < MR; ++j) {
+      float out = hsum_avx2(acc[i][j]);
+      if (w.min) {  // sum_g min[n, g] * gsum[m, g], 8 groups a step then the rest
+        const float* mn = w.min + (n + i) * groups;
+        const float* gs = xq.gsum.data() + (m + j) * groups;
+        __m256 macc = _mm256_setzero_ps();
+        int64_t g = 0;
+        for (; g + 8 <= groups; g += 8)
+          macc = _mm256_fmadd_ps(_mm256_loadu_ps(mn + g), _mm256_loadu_ps(gs + g), macc);
+        float tail = 0.f;
+        for (; g < groups; ++g) tail += mn[g] * gs[g];
+        out += hsum_avx2(macc) + tail;
+      }
+      y[(m + j) * N + n + i] = out + (bias ? bias[n + i] : 0.f);
+    }
+}
+
+using TileQ8Fn = void (*)(const QuantizedRows&, const GroupQuantWeight&, const float*, float*, int64_t, int64_t,
+                          int64_t, int64_t, int);
+
+#define HF_Q8_ROW(L, NRT) {tile_q8_avx2<L, NRT, 1>, tile_q8_avx2<L, NRT, 2>}
+#define HF_Q8_TABLE(L) {HF_Q8_ROW(L, 1), HF_Q8_ROW(L, 2), HF_Q8_ROW(L, 3), HF_Q8_ROW(L, 4)}
+
+static const TileQ8Fn kQ8[3][NR_Q8][MR_Q8] = {HF_Q8_TABLE(kCodesI8), HF_Q8_TABLE(kCodesU4), HF_Q8_TABLE(kCodesU5)};
+
+}  // namespace
+
+void skinny_gemm_gq_q8(const float* x, const GroupQuantWeight& w, const float* bias, float* y, int64_t M, int64_t N,
+                       int64_t K, int isa) {
+  thread_local QuantizedRows rows;  // reused: a decoding step quantizes a row per linear
+  QuantizedRows& xq = rows;          // the caller's, named so that the threads below share it
+  quantize_rows(x, w, M, K, xq);
+  const bool simd = isa >= kIsaAvx2;
+  const TileQ8Fn(*table)[MR_Q8] = kQ8[w.layout];
+  over_q_tiles(M, N, NR_Q8, MR_Q8, NR_Q8 * K * std::max<int64_t>(M, 4) / 4,
+               [&](int64_t n, int64_t nr, int64_t m, int64_t mr, int npf) {
+                 if (simd)
+                   table[nr - 1][mr - 1](xq, w, bias, y, n, m, N, K, npf);
+                 else
+                   rows_scalar_q8(xq, w, bias, y, n, nr, m, mr, N, K);
+               });
+}
+
+}  // namespace hf_spec
