@@ -158,6 +158,16 @@ def test_kernel_declines_what_it_does_not_take():
         _with_int8_activations(quantize_int8(torch.randn(8, 48)))
 
 
+def test_a_nan_input_gives_nan_outputs_with_int8_activations():
+    _kernel_or_skip()
+    weight = _with_int8_activations(_weights(8, 64)["u5-min"])
+    x = torch.randn(2, 64)
+    x[1, 40] = float("nan")
+    y = gq.kernel_group_linear(x, weight)
+    assert torch.isnan(y[1]).all() and torch.isfinite(y[0]).all()
+    assert torch.isnan(gq.reference_group_linear(x, weight)[1]).all()
+
+
 def test_int8_activations_are_rounded_per_run_of_32():
     x = torch.zeros(2, 64)
     x[0, :32] = torch.linspace(-1, 2, 32)  # d = 2 / 127; the second run is all zero: d = 0, q = 0

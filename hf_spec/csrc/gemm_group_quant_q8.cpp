@@ -13,6 +13,7 @@
 // (q of run 2p codes 0-15, run 2p + 1 codes 0-15, run 2p codes 16-31, run 2p + 1 codes 16-31), natural order
 // for an odd last run and for int8 (I8) weights.
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "skinny_gemm.h"
@@ -37,7 +38,15 @@ struct QuantizedRows {
 // interleaved positions; returns d
 float quantize_run(const float* x, int8_t* q, int stride_lo, int stride_hi) {
   float amax = 0.f;
-  for (int i = 0; i < RUN_Q8; ++i) amax = std::max(amax, std::fabs(x[i]));
+  bool finite = true;
+  for (int i = 0; i < RUN_Q8; ++i) {
+    amax = std::max(amax, std::fabs(x[i]));
+    finite = finite && std::isfinite(x[i]);
+  }
+  if (!finite) {  // a NaN or infinite input: the run's scale is NaN, so every output it reaches is NaN, as in float
+    for (int i = 0; i < 16; ++i) q[i * stride_lo] = q[stride_hi + i * stride_lo] = 0;
+    return std::numeric_limits<float>::quiet_NaN();
+  }
   const float d = amax / 127.f;
   const float id = d > 0.f ? 1.f / d : 0.f;
   for (int i = 0; i < 16; ++i) q[i * stride_lo] = static_cast<int8_t>(std::nearbyint(x[i] * id));
