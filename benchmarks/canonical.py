@@ -111,8 +111,8 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         raise SystemExit(
             f"the datastores of {key}'s canonical run are built from training files that are not here: "
-            f"{', '.join(missing)} (benchmarks/prompts/README.md says why they are not shipped; put them there, or "
-            "point the configs' `datastore` recipes at your own training files)"
+            f"{', '.join(missing)} (paths relative to benchmarks/configs/; put them there, or point the configs' "
+            "`datastore` recipes at your own training files)"
         )
     root = Path(args.out_root)
     tmp = root / f".running-{key}"

@@ -63,11 +63,59 @@ def test_canonical_benchmark_reads_the_shipped_prompts():
     canonical = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(canonical)
     assert canonical.PROMPTS == PROMPTS
-    # the SmolLM2 run needs nothing beyond the clone; the Qwen run's datastores name their training files
-    assert canonical.missing_datastore_sources(canonical.CANONICAL["smollm2-135m-instruct"]) == []
+    for methods in canonical.CANONICAL.values():  # every run needs nothing beyond the clone
+        assert canonical.missing_datastore_sources(methods) == []
     assert canonical.shown_command("x --prompts ../shared/data/eval/spec_bench_dev.jsonl y") == (
         "x --prompts benchmarks/prompts/spec_bench_dev.jsonl y"
     )
+
+
+def _datastore_sources(node) -> list[str]:
+    """The source files named by every datastore recipe in a config's JSON."""
+    if isinstance(node, list):
+        return [path for value in node for path in _datastore_sources(value)]
+    if not isinstance(node, dict):
+        return []
+    recipe = node["datastore"] if isinstance(node.get("datastore"), dict) else {}
+    own = [path for key in ("corpus", "responses", "early_exit_prompts") for path in recipe.get(key, [])]
+    return own + [path for value in node.values() for path in _datastore_sources(value)]
+
+
+def test_every_config_builds_its_datastore_from_shipped_files():
+    configs = sorted((REPO / "benchmarks" / "configs").glob("*.json"))
+    named = 0
+    for config in configs:
+        for path in _datastore_sources(json.loads(config.read_text())):
+            source = (config.parent / path).resolve()
+            assert source.is_relative_to(REPO) and source.is_file(), (config.name, path)
+            named += 1
+    assert named  # the retrieval and talon configs name theirs
+
+
+def _word_grams(text: str, n: int) -> set[tuple[str, ...]]:
+    words = re.findall(r"\w+", text.lower())
+    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+
+def test_the_shipped_datastore_prompts_are_not_the_evaluation_prompts():
+    """The datastore's prompts share no prompt and no run of 8 words with the benchmark prompts, and its answers
+    answer them."""
+    folder = REPO / "benchmarks" / "datastore"
+    rows = [json.loads(line) for line in (folder / "prompts.jsonl").read_text().splitlines()]
+    texts = {r["id"]: f"{r['instruction']}\n\n{r.get('input', '')}".strip() for r in rows}
+    assert len(texts) == len(rows) >= 150 and f"{len(rows)} prompts" in (folder / "README.md").read_text()
+    evaluation = [turn for line in PROMPTS.read_text().splitlines() for turn in json.loads(line)["turns"]]
+    seen = {" ".join(turn.lower().split()) for turn in evaluation}
+    grams = set().union(*(_word_grams(turn, 8) for turn in evaluation))
+    for prompt_id, text in texts.items():
+        assert " ".join(text.lower().split()) not in seen, prompt_id
+        assert not _word_grams(text, 8) & grams, prompt_id
+    answer_files = sorted(folder.glob("answers-*.jsonl"))
+    assert answer_files
+    for answers in answer_files:
+        for line in answers.read_text().splitlines():
+            row = json.loads(line)
+            assert texts[row["id"]].split("\n\n")[0] in row["prompt"], (answers.name, row["id"])
 
 
 # ------------------------------------------------------------------------------------------------ install
