@@ -148,11 +148,16 @@ def test_kernel_matches_its_torch_twin_and_gives_each_row_its_own_bits(isa, dtyp
             )
             assert torch.equal(alone, y), f"{name}: a row's bits depend on the rows beside it"
             assert gq.group_linear(x, weight, bias).dtype == dtype
+            # bfloat16 in and out inside the kernel: widened exactly, the float32 result rounded once
+            xb = x.to(torch.bfloat16)
+            yb = gq.kernel_group_linear(xb, weight, bias, isa=isa)
+            assert yb.dtype == torch.bfloat16
+            assert torch.equal(yb, gq.kernel_group_linear(xb.float(), weight, bias, isa=isa).to(torch.bfloat16))
 
 
 def test_kernel_declines_what_it_does_not_take():
     weight = _weights(8, 64)["u4-min"]
-    assert gq.kernel_group_linear(torch.randn(2, 64, dtype=torch.bfloat16), weight) is None
+    assert gq.kernel_group_linear(torch.randn(2, 64, dtype=torch.float16), weight) is None
     assert gq.kernel_group_linear(torch.randn(2, 32), weight) is None
     with pytest.raises(ValueError, match="divisible by 32"):
         _with_int8_activations(quantize_int8(torch.randn(8, 48)))

@@ -31,6 +31,7 @@ struct QuantizedRows {
   std::vector<int8_t> q;
   std::vector<float> d;
   std::vector<float> gsum;
+  std::vector<int32_t> half_group;  // [K / 16]: the group of inputs 16h..16h + 15 (no division in the tiles)
   int64_t K = 0, runs = 0, groups = 0;
 };
 
@@ -62,6 +63,8 @@ void quantize_rows(const float* x, const GroupQuantWeight& w, int64_t M, int64_t
   out.q.resize(M * K);
   out.d.resize(M * out.runs);
   out.gsum.assign(w.min ? M * out.groups : 0, 0.f);
+  out.half_group.resize(K / 16);
+  for (int64_t h = 0; h < K / 16; ++h) out.half_group[h] = static_cast<int32_t>(h * 16 / w.group);
   for (int64_t m = 0; m < M; ++m) {
     const float* xm = x + m * K;
     int8_t* qm = out.q.data() + m * K;
@@ -157,7 +160,8 @@ HF_AVX2 inline __m256 halves(float a, float b) { return _mm256_set_m128(_mm_set1
 template <int LAYOUT, int NRT, int MR>
 HF_AVX2 void tile_q8_avx2(const QuantizedRows& xq, const GroupQuantWeight& w, const float* bias, float* __restrict y,
                           int64_t n, int64_t m, int64_t N, int64_t K, int npf) {
-  const int64_t groups = xq.groups, runs = xq.runs, G = w.group;
+  const int64_t groups = xq.groups, runs = xq.runs;
+  const int32_t* hg = xq.half_group.data();  // hg[k / 16]: the scale's group of input k
   const int64_t row_bytes = LAYOUT == kCodesI8 ? K : K / 2;
   const uint8_t* codes = static_cast<const uint8_t*>(w.codes) + n * row_bytes;
   const float* scale = w.scale + n * groups;
@@ -179,7 +183,7 @@ HF_AVX2 void tile_q8_avx2(const QuantizedRows& xq, const GroupQuantWeight& w, co
       for (int i = 0; i < NRT; ++i) {
         const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i * row_bytes + k));
         const __m256i ac = _mm256_sign_epi8(c, c);  // |code| as uint8 (-128 -> 128)
-        const __m256 s = halves(scale[i * groups + k / G], scale[i * groups + (k + 16) / G]);
+        const __m256 s = halves(scale[i * groups + hg[k / 16]], scale[i * groups + hg[k / 16 + 1]]);
         for (int j = 0; j < MR; ++j) {
           const __m256i sums = dot_u8s8(ac, _mm256_sign_epi8(qx[j], c));
           acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(s, _mm256_set1_ps(d[j * runs + r])),
@@ -205,7 +209,7 @@ HF_AVX2 void tile_q8_avx2(const QuantizedRows& xq, const GroupQuantWeight& w, co
           lo = _mm256_or_si256(lo, bit4_of_bits((h0 & 0xFFFFu) | (h1 << 16)));
           hi = _mm256_or_si256(hi, bit4_of_bits((h0 >> 16) | (h1 & 0xFFFF0000u)));
         }
-        const __m256 s = halves(scale[i * groups + k / G], scale[i * groups + (k + 32) / G]);
+        const __m256 s = halves(scale[i * groups + hg[k / 16]], scale[i * groups + hg[k / 16 + 2]]);
         for (int j = 0; j < MR; ++j) {
           const __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j * K + k));
           const __m256i qb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j * K + k + 32));
@@ -223,7 +227,7 @@ HF_AVX2 void tile_q8_avx2(const QuantizedRows& xq, const GroupQuantWeight& w, co
         const __m128i l4 = _mm_set1_epi8(0x0F);
         __m256i c = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), l4), _mm_and_si128(raw, l4));
         if (LAYOUT == kCodesU5) c = _mm256_or_si256(c, bit4_of_bits(high[i * runs + r]));
-        const float sr = scale[i * groups + k / G];
+        const float sr = scale[i * groups + hg[k / 16]];
         for (int j = 0; j < MR; ++j) {
           const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j * K + k));
           const __m256 sd = _mm256_set1_ps(sr * d[j * runs + r]);

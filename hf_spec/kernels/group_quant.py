@@ -105,6 +105,16 @@ class GroupQuantWeight:
             if t is not None
         )
 
+    def pointers(self) -> tuple[int, int, int, int]:
+        """Data addresses the kernel reads: `(codes, high or 0, scale, min or 0)` (worked out once: the tensors are
+        contiguous; a replaced tensor is noticed)."""
+        tensors = (self.codes, self.high, self.scale, self.min)
+        cached = self.__dict__.get("_pointers")
+        if cached is None or any(a is not b for a, b in zip(cached[0], tensors, strict=True)):
+            ptrs = tuple(0 if t is None else t.data_ptr() for t in tensors)
+            cached = self.__dict__["_pointers"] = (tensors, ptrs)
+        return cached[1]
+
     @classmethod
     def from_codes(
         cls,
@@ -194,10 +204,11 @@ def quantize_activations(x: torch.Tensor) -> torch.Tensor:
 
 
 _best_isa: int | None = None
+_kernel = None  # the loaded module once `_kernel_for(ISA_AUTO)` has found it applies (saves its checks a call)
 
 
 def _kernel_for(isa: int):
-    global _best_isa
+    global _best_isa, _kernel
     mod = cpu_skinny_gemm.load_kernel()
     if mod is None:
         return None
@@ -205,48 +216,48 @@ def _kernel_for(isa: int):
         _best_isa = int(mod.best_isa())
     if isa == ISA_AUTO and _best_isa < ISA_AVX2:
         return None  # the plain C++ path is for tests: without AVX2 the torch twin is faster
+    if isa == ISA_AUTO and not cpu_skinny_gemm.kernels_disabled():
+        _kernel = mod
     return mod
+
+
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # x and y dtypes the kernel reads and writes itself
 
 
 def kernel_group_linear(
     x: torch.Tensor, weight: GroupQuantWeight, bias: torch.Tensor | None = None, isa: int = ISA_AUTO
 ) -> torch.Tensor | None:
-    """`F.linear(x, weight.dequantize(), bias)` by the kernel, float32 `(..., out_features)`, for float32 x
-    `(..., in_features)`, contiguous on CPU, and float32 `bias` `(out_features,)`; None where it does not apply
-    (other dtypes, autograd, no kernel). Rows go to the kernel `MAX_ROWS` at a time (their x stays in the cache
-    while a tile of the weight meets it); each row's bits do not depend on the rows beside it."""
-    if x.dim() == 0 or x.shape[-1] != weight.in_features or x.dtype != torch.float32 or not x.is_cpu:
+    """`F.linear(x, weight.dequantize(), bias)` by the kernel, `(..., out_features)` in x's dtype, for float32 or
+    bfloat16 x `(..., in_features)`, contiguous on CPU, and float32 `bias` `(out_features,)`; None where it does
+    not apply (other dtypes, autograd, no kernel). bfloat16 x is widened to float32 exactly and y is rounded to
+    bfloat16 once, as `F.linear(x.float(), ...).to(torch.bfloat16)` would. Rows go to the kernel `MAX_ROWS` at a
+    time (their x stays in the cache while a tile of the weight meets it); each row's bits do not depend on the
+    rows beside it."""
+    if x.dtype not in _KERNEL_DTYPES or not x.is_cpu or x.dim() == 0 or x.shape[-1] != weight.in_features:
         return None
-    rows = x.numel() // weight.in_features
-    if rows < 1 or not x.is_contiguous() or (torch.is_grad_enabled() and x.requires_grad):
+    k = weight.in_features
+    rows = x.numel() // k
+    if rows < 1 or not x.is_contiguous() or (x.requires_grad and torch.is_grad_enabled()):
         return None
     n = weight.out_features
     if bias is not None and (bias.dtype != torch.float32 or bias.shape != (n,) or not bias.is_contiguous()):
         return None
-    mod = _kernel_for(isa)
+    auto = (
+        isa == ISA_AUTO
+        and _kernel is not None
+        and _best_isa >= ISA_AVX2
+        and not cpu_skinny_gemm.kernels_disabled()
+    )
+    mod = _kernel if auto else _kernel_for(isa)
     if mod is None:
         return None
-    y = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
-    ptr = [0 if t is None else t.data_ptr() for t in (weight.high, weight.min, bias)]
-    gemm = mod.gemm_gq_q8 if weight.int8_activations else mod.gemm_gq
-    k = weight.in_features
-    for start in range(0, rows, MAX_ROWS):
-        m = min(MAX_ROWS, rows - start)
-        gemm(
-            x.data_ptr() + start * k * 4,
-            weight.codes.data_ptr(),
-            ptr[0],
-            weight.scale.data_ptr(),
-            ptr[1],
-            ptr[2],
-            y.data_ptr() + start * n * 4,
-            m,
-            n,
-            k,
-            int(weight.layout),
-            weight.group_size,
-            isa,
-        )
+    y = torch.empty(*x.shape[:-1], n, dtype=x.dtype)
+    bf16 = x.dtype is torch.bfloat16
+    codes, high, scale, low = weight.pointers()
+    (mod.gemm_gq_q8 if weight.int8_activations else mod.gemm_gq)(
+        x.data_ptr(), codes, high, scale, low, 0 if bias is None else bias.data_ptr(), y.data_ptr(),
+        rows, n, k, int(weight.layout), weight.group_size, isa, bf16, bf16,
+    )  # fmt: skip
     return y
 
 
@@ -272,11 +283,14 @@ def reference_group_linear(
 def group_linear(x: torch.Tensor, weight: GroupQuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`x @ W.T (+ bias)` `(..., out_features)` in x's dtype, summed in float32: by the kernel where it applies,
     else by the torch twin."""
-    x32 = x if x.dtype == torch.float32 else x.float()
-    b32 = None if bias is None else bias.float().contiguous()
-    y = kernel_group_linear(x32.contiguous(), weight, b32) if x.is_cpu else None
+    b32 = bias if bias is None or bias.dtype is torch.float32 else bias.float()
+    if b32 is not None and not b32.is_contiguous():
+        b32 = b32.contiguous()
+    y = kernel_group_linear(x if x.is_contiguous() else x.contiguous(), weight, b32) if x.is_cpu else None
+    if y is None and x.dtype not in _KERNEL_DTYPES and x.is_cpu:  # e.g. float16: the kernel takes it widened
+        y = kernel_group_linear(x.float().contiguous(), weight, b32)
     if y is None:
-        y = reference_group_linear(x32, weight, b32)
+        y = reference_group_linear(x, weight, b32)
     return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
