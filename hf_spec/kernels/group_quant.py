@@ -116,6 +116,44 @@ class GroupQuantWeight:
         return cached[1]
 
     @classmethod
+    def unchecked(
+        cls,
+        codes: torch.Tensor,
+        scale: torch.Tensor,
+        min: torch.Tensor | None,
+        high: torch.Tensor | None,
+        layout: CodeLayout,
+        group_size: int,
+        in_features: int,
+        int8_activations: bool,
+    ) -> GroupQuantWeight:
+        """The weight of tensors a checked `GroupQuantWeight` already holds (the custom op's arguments), with the
+        shape checks the kernel's memory reads rely on but not the full ones: a compiled graph calls the op once a
+        linear a step. Tensors that do not fit go through the full checks (which raise)."""
+        n, k = scale.shape[0] if scale.dim() == 2 else -1, in_features
+        fits = (
+            codes.dim() == 2
+            and codes.shape[0] == n
+            and codes.shape[1] == (k if layout == CodeLayout.I8 else k // 2)
+            and codes.is_contiguous()
+            and scale.dtype is torch.float32
+            and scale.is_contiguous()
+            and group_size > 0
+            and scale.shape[1] * group_size == k
+            and (min is None or (min.shape == scale.shape and min.dtype is torch.float32 and min.is_contiguous()))
+            and (high is None) == (layout == CodeLayout.U5)
+            and (high is None or (high.shape == (n, k // RUN) and high.is_contiguous()))
+        )
+        if not fits:
+            return cls(codes, scale, min, high, layout, group_size, in_features, int8_activations)
+        weight = object.__new__(cls)
+        weight.__dict__.update(
+            codes=codes, scale=scale, min=min, high=high, layout=layout, group_size=group_size,
+            in_features=in_features, int8_activations=int8_activations,
+        )  # fmt: skip
+        return weight
+
+    @classmethod
     def from_codes(
         cls,
         codes: torch.Tensor,
@@ -308,7 +346,7 @@ def group_quant_linear(
 ) -> torch.Tensor:
     """`group_linear` as a torch op: x `(..., in_features)`, the weight's tensors as `GroupQuantWeight` holds them;
     returns `(..., out_features)` in x's dtype."""
-    weight = GroupQuantWeight(
+    weight = GroupQuantWeight.unchecked(
         codes, scale, min, high, CodeLayout(layout), group_size, x.shape[-1], int8_activations
     )
     return group_linear(x, weight, bias)

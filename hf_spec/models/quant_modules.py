@@ -65,6 +65,8 @@ class QuantizedLinear(_Packed):
         bias = self.bias
         if bias is None or bias.dtype is torch.float32:
             return bias
+        if torch.compiler.is_compiling():  # traced once: the graph converts it (a fused copy)
+            return bias.float()
         key = (bias, bias._version)
         cached = self.__dict__.get("_bias32")
         if cached is None or cached[0][0] is not bias or cached[0][1] != key[1]:
