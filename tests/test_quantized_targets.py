@@ -173,6 +173,25 @@ def test_a_nan_input_gives_nan_outputs_with_int8_activations():
     assert torch.isnan(gq.reference_group_linear(x, weight)[1]).all()
 
 
+@pytest.mark.parametrize("layout", [CodeLayout.I8, CodeLayout.U4, CodeLayout.U5])
+def test_the_kernels_int8_rounding_is_the_torch_twins(layout):
+    """A weight whose row n has code 1 at input n and 0 elsewhere (scale 1, min 0) gives y = x' exactly: the
+    kernel's rounded inputs, bit for bit `quantize_activations`' (runs paired or not, the odd last run, ties)."""
+    _kernel_or_skip()
+    k = 96  # three runs: a pair and an odd last run for the packed layouts
+    codes = torch.eye(k, dtype=torch.int32)
+    scale, low = torch.ones(k, k // 32), torch.zeros(k, k // 32)
+    weight = GroupQuantWeight.from_codes(codes, scale, None if layout is CodeLayout.I8 else low, layout, 32)
+    weight = _with_int8_activations(weight)
+    x = torch.randn(5, k, generator=torch.Generator().manual_seed(4)) * 3
+    x[1, :32] = torch.arange(32) * (127 / 31) / 2 - 0.5 * (torch.arange(32) % 2)  # halves: round-to-even ties
+    x[2, 32:64] = 0.0  # a run of zeros: d = 0
+    x[3] = x[3].to(torch.bfloat16).float()  # bfloat16 values
+    for isa in (cpu_skinny_gemm.ISA_SCALAR, cpu_skinny_gemm.ISA_AUTO):
+        y = gq.kernel_group_linear(x, weight, isa=isa)
+        assert torch.equal(y, gq.quantize_activations(x)), f"{layout.name} isa {isa}"
+
+
 def test_int8_activations_are_rounded_per_run_of_32():
     x = torch.zeros(2, 64)
     x[0, :32] = torch.linspace(-1, 2, 32)  # d = 2 / 127; the second run is all zero: d = 0, q = 0

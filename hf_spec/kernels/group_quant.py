@@ -21,6 +21,7 @@ function up to the order of float32 sums. `group_quant_linear` is registered as 
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass
 
 import torch
@@ -105,14 +106,23 @@ class GroupQuantWeight:
             if t is not None
         )
 
-    def pointers(self) -> tuple[int, int, int, int]:
-        """Data addresses the kernel reads: `(codes, high or 0, scale, min or 0)` (worked out once: the tensors are
-        contiguous; a replaced tensor is noticed)."""
-        tensors = (self.codes, self.high, self.scale, self.min)
-        cached = self.__dict__.get("_pointers")
-        if cached is None or any(a is not b for a, b in zip(cached[0], tensors, strict=True)):
-            ptrs = tuple(0 if t is None else t.data_ptr() for t in tensors)
-            cached = self.__dict__["_pointers"] = (tensors, ptrs)
+    def kernel_plan(self) -> tuple:
+        """What a kernel call reads, worked out once: `(codes, high or 0, scale, min or 0)` addresses, then
+        `out_features, in_features, layout, group_size, int8_activations` (made again where the codes, the scales
+        or `int8_activations` were replaced: a weight's other fields come with its codes)."""
+        cached = self.__dict__.get("_plan")
+        key = cached[0] if cached is not None else None
+        if (
+            key is None
+            or key[0] is not self.codes
+            or key[1] is not self.scale
+            or key[2] is not self.int8_activations
+        ):
+            key = (self.codes, self.scale, self.int8_activations)
+            ptrs = tuple(0 if t is None else t.data_ptr() for t in (self.codes, self.high, self.scale, self.min))
+            plan = (*ptrs, self.out_features, self.in_features, int(self.layout), self.group_size,
+                    self.int8_activations)  # fmt: skip
+            cached = self.__dict__["_plan"] = (key, plan)
         return cached[1]
 
     @classmethod
@@ -270,33 +280,34 @@ def kernel_group_linear(
     not apply (other dtypes, autograd, no kernel). bfloat16 x is widened to float32 exactly and y is rounded to
     bfloat16 once, as `F.linear(x.float(), ...).to(torch.bfloat16)` would. Rows go to the kernel `MAX_ROWS` at a
     time (their x stays in the cache while a tile of the weight meets it); each row's bits do not depend on the
-    rows beside it."""
-    if x.dtype not in _KERNEL_DTYPES or not x.is_cpu or x.dim() == 0 or x.shape[-1] != weight.in_features:
+    rows beside it. A decoding step calls this once a linear, so it checks no more than the kernel's reads need."""
+    plan = weight.kernel_plan()
+    k, n = plan[5], plan[4]
+    if x.dtype not in _KERNEL_DTYPES or not x.is_cpu or x.dim() == 0 or x.shape[-1] != k or not x.is_contiguous():
         return None
-    k = weight.in_features
     rows = x.numel() // k
-    if rows < 1 or not x.is_contiguous() or (x.requires_grad and torch.is_grad_enabled()):
+    if rows < 1 or (x.requires_grad and torch.is_grad_enabled()):
         return None
-    n = weight.out_features
     if bias is not None and (bias.dtype != torch.float32 or bias.shape != (n,) or not bias.is_contiguous()):
         return None
-    auto = (
-        isa == ISA_AUTO
-        and _kernel is not None
-        and _best_isa >= ISA_AVX2
-        and not cpu_skinny_gemm.kernels_disabled()
-    )
-    mod = _kernel if auto else _kernel_for(isa)
-    if mod is None:
-        return None
-    y = torch.empty(*x.shape[:-1], n, dtype=x.dtype)
+    if isa == ISA_AUTO and _kernel is not None and _best_isa >= ISA_AVX2 and not _kernels_off():
+        mod = _kernel
+    else:
+        mod = _kernel_for(isa)
+        if mod is None:
+            return None
+    y = x.new_empty((*x.shape[:-1], n))
     bf16 = x.dtype is torch.bfloat16
-    codes, high, scale, low = weight.pointers()
-    (mod.gemm_gq_q8 if weight.int8_activations else mod.gemm_gq)(
-        x.data_ptr(), codes, high, scale, low, 0 if bias is None else bias.data_ptr(), y.data_ptr(),
-        rows, n, k, int(weight.layout), weight.group_size, isa, bf16, bf16,
+    (mod.gemm_gq_q8 if plan[8] else mod.gemm_gq)(
+        x.data_ptr(), plan[0], plan[1], plan[2], plan[3], 0 if bias is None else bias.data_ptr(), y.data_ptr(),
+        rows, n, k, plan[6], plan[7], isa, bf16, bf16,
     )  # fmt: skip
     return y
+
+
+def _kernels_off() -> bool:
+    """`HF_SPEC_NO_CPP_KERNELS` asks for no kernels (read on every call; unset, the common case, is the cheap test)."""
+    return os.environ.get("HF_SPEC_NO_CPP_KERNELS") is not None and cpu_skinny_gemm.kernels_disabled()
 
 
 def reference_group_linear(
