@@ -42,8 +42,9 @@ for _ in range(int(sys.argv[4])):
 """
 
 
-def linear_costs(model, threads: int, repeats: int) -> dict[tuple, float]:
-    """Seconds a pass over each format's linears takes, median of `repeats`, at `threads` threads."""
+def linear_costs(model, threads: int, repeats: int, rows: int = 1) -> dict[tuple, float]:
+    """Seconds a pass over each format's linears takes with `rows` rows of x, median of `repeats`, at `threads`
+    threads."""
     torch.set_num_threads(threads)
     groups: dict[tuple, list] = defaultdict(list)
     for m in model.modules():
@@ -51,7 +52,7 @@ def linear_costs(model, threads: int, repeats: int) -> dict[tuple, float]:
             groups[(m.scheme, m.in_features, m.out_features)].append(m)
     out = {}
     for key, mods in sorted(groups.items()):
-        x = torch.randn(1, key[1]).to(torch.bfloat16)
+        x = torch.randn(rows, key[1]).to(torch.bfloat16)
         bias = [None if m.bias is None else m.bias.float() for m in mods]
         times = []
         for _ in range(repeats + 1):
@@ -98,6 +99,16 @@ def main() -> int:
                      f"{1e3 * s2:.2f} | {nbytes / s2 / 1e9:.1f} |")  # fmt: skip
     lines.append(f"| all | {sum(v[0] for v in one.values())} | {sum(v[1] for v in one.values()) / 1e6:.0f} | "
                  f"{1e3 * sum(v[2] for v in one.values()):.1f} | {1e3 * sum(v[2] for v in two.values()):.1f} | |")  # fmt: skip
+    lines += [
+        "",
+        "| rows of x (a verification's tree + root), 2 threads | all linears (ms) | / one row |",
+        "|---|---|---|",
+    ]
+    base = None
+    for rows in (1, 2, 4, 8):
+        total = sum(v[2] for v in linear_costs(model, 2, args.repeats, rows).values())
+        base = base or total
+        lines.append(f"| {rows} | {1e3 * total:.1f} | {total / base:.2f}x |")
     torch.set_num_threads(2)
     step = step_cost(model, ids, args.repeats)
     saved = {}
