@@ -152,7 +152,9 @@ def test_kernel_matches_its_torch_twin_and_gives_each_row_its_own_bits(isa, dtyp
             xb = x.to(torch.bfloat16)
             yb = gq.kernel_group_linear(xb, weight, bias, isa=isa)
             assert yb.dtype == torch.bfloat16
-            assert torch.equal(yb, gq.kernel_group_linear(xb.float(), weight, bias, isa=isa).to(torch.bfloat16))
+            assert torch.equal(
+                yb, gq.kernel_group_linear(xb.float(), weight, bias, isa=isa).to(torch.bfloat16)
+            )
 
 
 def test_kernel_declines_what_it_does_not_take():

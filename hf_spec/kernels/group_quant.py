@@ -119,7 +119,9 @@ class GroupQuantWeight:
             or key[2] is not self.int8_activations
         ):
             key = (self.codes, self.scale, self.int8_activations)
-            ptrs = tuple(0 if t is None else t.data_ptr() for t in (self.codes, self.high, self.scale, self.min))
+            ptrs = tuple(
+                0 if t is None else t.data_ptr() for t in (self.codes, self.high, self.scale, self.min)
+            )
             plan = (*ptrs, self.out_features, self.in_features, int(self.layout), self.group_size,
                     self.int8_activations)  # fmt: skip
             cached = self.__dict__["_plan"] = (key, plan)
@@ -150,7 +152,10 @@ class GroupQuantWeight:
             and scale.is_contiguous()
             and group_size > 0
             and scale.shape[1] * group_size == k
-            and (min is None or (min.shape == scale.shape and min.dtype is torch.float32 and min.is_contiguous()))
+            and (
+                min is None
+                or (min.shape == scale.shape and min.dtype is torch.float32 and min.is_contiguous())
+            )
             and (high is None) == (layout == CodeLayout.U5)
             and (high is None or (high.shape == (n, k // RUN) and high.is_contiguous()))
         )
@@ -252,7 +257,9 @@ def quantize_activations(x: torch.Tensor) -> torch.Tensor:
 
 
 _best_isa: int | None = None
-_kernel = None  # the loaded module once `_kernel_for(ISA_AUTO)` has found it applies (saves its checks a call)
+_kernel = (
+    None  # the loaded module once `_kernel_for(ISA_AUTO)` has found it applies (saves its checks a call)
+)
 
 
 def _kernel_for(isa: int):
@@ -283,7 +290,13 @@ def kernel_group_linear(
     rows beside it. A decoding step calls this once a linear, so it checks no more than the kernel's reads need."""
     plan = weight.kernel_plan()
     k, n = plan[5], plan[4]
-    if x.dtype not in _KERNEL_DTYPES or not x.is_cpu or x.dim() == 0 or x.shape[-1] != k or not x.is_contiguous():
+    if (
+        x.dtype not in _KERNEL_DTYPES
+        or not x.is_cpu
+        or x.dim() == 0
+        or x.shape[-1] != k
+        or not x.is_contiguous()
+    ):
         return None
     rows = x.numel() // k
     if rows < 1 or (x.requires_grad and torch.is_grad_enabled()):
