@@ -148,11 +148,18 @@ def test_kernel_matches_its_torch_twin_and_gives_each_row_its_own_bits(isa, dtyp
             )
             assert torch.equal(alone, y), f"{name}: a row's bits depend on the rows beside it"
             assert gq.group_linear(x, weight, bias).dtype == dtype
+            # bfloat16 in and out inside the kernel: widened exactly, the float32 result rounded once
+            xb = x.to(torch.bfloat16)
+            yb = gq.kernel_group_linear(xb, weight, bias, isa=isa)
+            assert yb.dtype == torch.bfloat16
+            assert torch.equal(
+                yb, gq.kernel_group_linear(xb.float(), weight, bias, isa=isa).to(torch.bfloat16)
+            )
 
 
 def test_kernel_declines_what_it_does_not_take():
     weight = _weights(8, 64)["u4-min"]
-    assert gq.kernel_group_linear(torch.randn(2, 64, dtype=torch.bfloat16), weight) is None
+    assert gq.kernel_group_linear(torch.randn(2, 64, dtype=torch.float16), weight) is None
     assert gq.kernel_group_linear(torch.randn(2, 32), weight) is None
     with pytest.raises(ValueError, match="divisible by 32"):
         _with_int8_activations(quantize_int8(torch.randn(8, 48)))
@@ -166,6 +173,25 @@ def test_a_nan_input_gives_nan_outputs_with_int8_activations():
     y = gq.kernel_group_linear(x, weight)
     assert torch.isnan(y[1]).all() and torch.isfinite(y[0]).all()
     assert torch.isnan(gq.reference_group_linear(x, weight)[1]).all()
+
+
+@pytest.mark.parametrize("layout", [CodeLayout.I8, CodeLayout.U4, CodeLayout.U5])
+def test_the_kernels_int8_rounding_is_the_torch_twins(layout):
+    """A weight whose row n has code 1 at input n and 0 elsewhere (scale 1, min 0) gives y = x' exactly: the
+    kernel's rounded inputs, bit for bit `quantize_activations`' (runs paired or not, the odd last run, ties)."""
+    _kernel_or_skip()
+    k = 96  # three runs: a pair and an odd last run for the packed layouts
+    codes = torch.eye(k, dtype=torch.int32)
+    scale, low = torch.ones(k, k // 32), torch.zeros(k, k // 32)
+    weight = GroupQuantWeight.from_codes(codes, scale, None if layout is CodeLayout.I8 else low, layout, 32)
+    weight = _with_int8_activations(weight)
+    x = torch.randn(5, k, generator=torch.Generator().manual_seed(4)) * 3
+    x[1, :32] = torch.arange(32) * (127 / 31) / 2 - 0.5 * (torch.arange(32) % 2)  # halves: round-to-even ties
+    x[2, 32:64] = 0.0  # a run of zeros: d = 0
+    x[3] = x[3].to(torch.bfloat16).float()  # bfloat16 values
+    for isa in (cpu_skinny_gemm.ISA_SCALAR, cpu_skinny_gemm.ISA_AUTO):
+        y = gq.kernel_group_linear(x, weight, isa=isa)
+        assert torch.equal(y, gq.quantize_activations(x)), f"{layout.name} isa {isa}"
 
 
 def test_int8_activations_are_rounded_per_run_of_32():

@@ -31,12 +31,14 @@ struct QuantizedRows {
   std::vector<int8_t> q;
   std::vector<float> d;
   std::vector<float> gsum;
+  std::vector<int32_t> half_group;  // [K / 16]: the group of inputs 16h..16h + 15 (no division in the tiles)
+  std::vector<int32_t> half_sum;    // [K / 16]: one row's sum of the codes of inputs 16h..16h + 15
   int64_t K = 0, runs = 0, groups = 0;
 };
 
-// run r of a row of x: its scale, and its codes at `out` (natural order) or, paired with its neighbour, at the
-// interleaved positions; returns d
-float quantize_run(const float* x, int8_t* q, int stride_lo, int stride_hi) {
+// run r of a row of x: its scale d (returned), codes 0-15 at q[0..15] and codes 16-31 at q[hi..hi + 15] (hi = 16:
+// natural order; 32: paired with the neighbouring run), and the integer sums of codes 0-15 and 16-31 in halves[0..1]
+float quantize_run(const float* x, int8_t* q, int hi, int32_t* halves) {
   float amax = 0.f;
   bool finite = true;
   for (int i = 0; i < RUN_Q8; ++i) {
@@ -44,17 +46,57 @@ float quantize_run(const float* x, int8_t* q, int stride_lo, int stride_hi) {
     finite = finite && std::isfinite(x[i]);
   }
   if (!finite) {  // a NaN or infinite input: the run's scale is NaN, so every output it reaches is NaN, as in float
-    for (int i = 0; i < 16; ++i) q[i * stride_lo] = q[stride_hi + i * stride_lo] = 0;
+    for (int i = 0; i < 16; ++i) q[i] = q[hi + i] = 0;
+    halves[0] = halves[1] = 0;
     return std::numeric_limits<float>::quiet_NaN();
   }
   const float d = amax / 127.f;
   const float id = d > 0.f ? 1.f / d : 0.f;
-  for (int i = 0; i < 16; ++i) q[i * stride_lo] = static_cast<int8_t>(std::nearbyint(x[i] * id));
-  for (int i = 16; i < 32; ++i) q[stride_hi + (i - 16) * stride_lo] = static_cast<int8_t>(std::nearbyint(x[i] * id));
+  halves[0] = halves[1] = 0;
+  for (int i = 0; i < 32; ++i) {
+    const auto c = static_cast<int8_t>(std::nearbyint(x[i] * id));
+    q[i < 16 ? i : hi + i - 16] = c;
+    halves[i / 16] += c;
+  }
   return d;
 }
 
-void quantize_rows(const float* x, const GroupQuantWeight& w, int64_t M, int64_t K, QuantizedRows& out) {
+// the same with AVX2: the same products x * id, rounded to nearest even, so the same codes
+HF_AVX2 float quantize_run_avx2(const float* x, int8_t* q, int hi, int32_t* halves) {
+  __m256 v[4], amax = _mm256_setzero_ps();
+  const __m256 sign = _mm256_set1_ps(-0.f), inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
+  int finite = 0xFF;
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_loadu_ps(x + 8 * i);
+    const __m256 a = _mm256_andnot_ps(sign, v[i]);
+    finite &= _mm256_movemask_ps(_mm256_cmp_ps(a, inf, _CMP_LT_OQ));  // false for NaN and +-inf
+    amax = _mm256_max_ps(amax, a);
+  }
+  if (finite != 0xFF) return quantize_run(x, q, hi, halves);  // the scalar path's NaN handling
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+  const float d = _mm_cvtss_f32(m4) / 127.f;
+  const __m256 id = _mm256_set1_ps(d > 0.f ? 1.f / d : 0.f);
+  __m256i c[4];
+  for (int i = 0; i < 4; ++i)
+    c[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  const __m256i s0 = _mm256_add_epi32(c[0], c[1]), s1 = _mm256_add_epi32(c[2], c[3]);
+  __m128i h0 = _mm_add_epi32(_mm256_castsi256_si128(s0), _mm256_extracti128_si256(s0, 1));
+  __m128i h1 = _mm_add_epi32(_mm256_castsi256_si128(s1), _mm256_extracti128_si256(s1, 1));
+  h0 = _mm_hadd_epi32(h0, h1);  // [a0 + a1, a2 + a3, b0 + b1, b2 + b3]
+  h0 = _mm_hadd_epi32(h0, h0);
+  halves[0] = _mm_cvtsi128_si32(h0);
+  halves[1] = _mm_extract_epi32(h0, 1);
+  // int32 -> int8 in order: packs interleave the 128-bit lanes, the permute puts them back
+  const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
+  const __m256i ordered = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm256_castsi256_si128(ordered));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + hi), _mm256_extracti128_si256(ordered, 1));
+  return d;
+}
+
+void quantize_rows(const float* x, const GroupQuantWeight& w, int64_t M, int64_t K, QuantizedRows& out, bool simd) {
   const bool paired = w.layout != kCodesI8;
   out.K = K;
   out.runs = K / RUN_Q8;
@@ -62,36 +104,26 @@ void quantize_rows(const float* x, const GroupQuantWeight& w, int64_t M, int64_t
   out.q.resize(M * K);
   out.d.resize(M * out.runs);
   out.gsum.assign(w.min ? M * out.groups : 0, 0.f);
+  out.half_group.resize(K / 16);
+  for (int64_t h = 0; h < K / 16; ++h) out.half_group[h] = static_cast<int32_t>(h * 16 / w.group);
+  std::vector<int32_t>& halves = out.half_sum;
+  halves.resize(K / 16);
   for (int64_t m = 0; m < M; ++m) {
     const float* xm = x + m * K;
     int8_t* qm = out.q.data() + m * K;
     float* dm = out.d.data() + m * out.runs;
     for (int64_t r = 0; r < out.runs; ++r) {
-      int8_t* base;
+      int8_t* base = qm + r * RUN_Q8;
+      int hi = 16;
       if (paired && (r | 1) < out.runs) {  // a run of a pair: codes 0-15 at +0 / +16, codes 16-31 at +32 / +48
         base = qm + (r & ~int64_t{1}) * RUN_Q8 + (r & 1) * 16;
-        dm[r] = quantize_run(xm + r * RUN_Q8, base, 1, 32);
-      } else {
-        base = qm + r * RUN_Q8;
-        dm[r] = quantize_run(xm + r * RUN_Q8, base, 1, 16);
+        hi = 32;
       }
+      dm[r] = (simd ? quantize_run_avx2 : quantize_run)(xm + r * RUN_Q8, base, hi, halves.data() + 2 * r);
     }
-    if (w.min) {  // sum of x' over each group, in the order of its inputs' runs (a group of 16 is half a run)
+    if (w.min) {  // sum of x' over each group, half runs in the order of the inputs (a group of 16 is half a run)
       float* gm = out.gsum.data() + m * out.groups;
-      for (int64_t k0 = 0; k0 < K; k0 += 16) {
-        const int64_t r = k0 / RUN_Q8, half = (k0 % RUN_Q8) / 16;
-        int32_t s = 0;
-        for (int i = 0; i < 16; ++i) {
-          const int64_t code = half * 16 + i;  // position within the run
-          int64_t at;
-          if (paired && (r | 1) < out.runs)
-            at = (r & ~int64_t{1}) * RUN_Q8 + (r & 1) * 16 + (code < 16 ? code : 32 + code - 16);
-          else
-            at = r * RUN_Q8 + code;
-          s += qm[at];
-        }
-        gm[k0 / w.group] += dm[r] * static_cast<float>(s);
-      }
+      for (int64_t h = 0; h < K / 16; ++h) gm[out.half_group[h]] += dm[h / 2] * static_cast<float>(halves[h]);
     }
   }
 }
@@ -157,7 +189,8 @@ HF_AVX2 inline __m256 halves(float a, float b) { return _mm256_set_m128(_mm_set1
 template <int LAYOUT, int NRT, int MR>
 HF_AVX2 void tile_q8_avx2(const QuantizedRows& xq, const GroupQuantWeight& w, const float* bias, float* __restrict y,
                           int64_t n, int64_t m, int64_t N, int64_t K, int npf) {
-  const int64_t groups = xq.groups, runs = xq.runs, G = w.group;
+  const int64_t groups = xq.groups, runs = xq.runs;
+  const int32_t* hg = xq.half_group.data();  // hg[k / 16]: the scale's group of input k
   const int64_t row_bytes = LAYOUT == kCodesI8 ? K : K / 2;
   const uint8_t* codes = static_cast<const uint8_t*>(w.codes) + n * row_bytes;
   const float* scale = w.scale + n * groups;
@@ -179,7 +212,7 @@ HF_AVX2 void tile_q8_avx2(const QuantizedRows& xq, const GroupQuantWeight& w, co
       for (int i = 0; i < NRT; ++i) {
         const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i * row_bytes + k));
         const __m256i ac = _mm256_sign_epi8(c, c);  // |code| as uint8 (-128 -> 128)
-        const __m256 s = halves(scale[i * groups + k / G], scale[i * groups + (k + 16) / G]);
+        const __m256 s = halves(scale[i * groups + hg[k / 16]], scale[i * groups + hg[k / 16 + 1]]);
         for (int j = 0; j < MR; ++j) {
           const __m256i sums = dot_u8s8(ac, _mm256_sign_epi8(qx[j], c));
           acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(s, _mm256_set1_ps(d[j * runs + r])),
@@ -205,7 +238,7 @@ HF_AVX2 void tile_q8_avx2(const QuantizedRows& xq, const GroupQuantWeight& w, co
           lo = _mm256_or_si256(lo, bit4_of_bits((h0 & 0xFFFFu) | (h1 << 16)));
           hi = _mm256_or_si256(hi, bit4_of_bits((h0 >> 16) | (h1 & 0xFFFF0000u)));
         }
-        const __m256 s = halves(scale[i * groups + k / G], scale[i * groups + (k + 32) / G]);
+        const __m256 s = halves(scale[i * groups + hg[k / 16]], scale[i * groups + hg[k / 16 + 2]]);
         for (int j = 0; j < MR; ++j) {
           const __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j * K + k));
           const __m256i qb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j * K + k + 32));
@@ -223,7 +256,7 @@ HF_AVX2 void tile_q8_avx2(const QuantizedRows& xq, const GroupQuantWeight& w, co
         const __m128i l4 = _mm_set1_epi8(0x0F);
         __m256i c = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), l4), _mm_and_si128(raw, l4));
         if (LAYOUT == kCodesU5) c = _mm256_or_si256(c, bit4_of_bits(high[i * runs + r]));
-        const float sr = scale[i * groups + k / G];
+        const float sr = scale[i * groups + hg[k / 16]];
         for (int j = 0; j < MR; ++j) {
           const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j * K + k));
           const __m256 sd = _mm256_set1_ps(sr * d[j * runs + r]);
@@ -264,7 +297,7 @@ void skinny_gemm_gq_q8(const float* x, const GroupQuantWeight& w, const float* b
                        int64_t K, int isa) {
   thread_local QuantizedRows rows;  // reused: a decoding step quantizes a row per linear
   QuantizedRows& xq = rows;          // the caller's, named so that the threads below share it
-  quantize_rows(x, w, M, K, xq);
+  quantize_rows(x, w, M, K, xq, isa >= kIsaAvx2);
   const bool simd = isa >= kIsaAvx2;
   const TileQ8Fn(*table)[MR_Q8] = kQ8[w.layout];
   over_q_tiles(M, N, NR_Q8, MR_Q8, NR_Q8 * K * std::max<int64_t>(M, 4) / 4,

@@ -4,6 +4,9 @@
 #include <Python.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
 
 #include "skinny_gemm.h"
 
@@ -118,15 +121,34 @@ PyObject* py_gemm_bf16(PyObject*, PyObject* args) {
                   });
 }
 
-// (x_ptr, codes_ptr, high_ptr_or_0, scale_ptr, min_ptr_or_0, bias_ptr_or_0, y_ptr, M, N, K, layout, group, isa):
-// `skinny_gemm_gq` (float x) or, with `int8_x`, `skinny_gemm_gq_q8`, without the GIL
+// bfloat16 <-> float32 as torch converts them: widening is exact, narrowing rounds to nearest even (NaN stays NaN)
+inline float bf16_to_f32(uint16_t b) {
+  const uint32_t u = uint32_t{b} << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline uint16_t f32_to_bf16(float f) {
+  if (std::isnan(f)) return 0x7FC0;
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+constexpr int64_t kGqChunkRows = 64;  // rows a kernel call takes: their x stays in the cache while W streams by
+
+// (x_ptr, codes_ptr, high_ptr_or_0, scale_ptr, min_ptr_or_0, bias_ptr_or_0, y_ptr, M, N, K, layout, group, isa,
+// x_bf16, y_bf16): `skinny_gemm_gq` (float x) or, with `int8_x`, `skinny_gemm_gq_q8`, without the GIL, on
+// `kGqChunkRows` rows at a time; x and y are float32, or bfloat16 where `x_bf16` / `y_bf16` (widened into and
+// rounded from float32 buffers, as torch's `.float()` and `.to(torch.bfloat16)` do)
 PyObject* run_gemm_gq(PyObject* args, bool int8_x) {
   const char* name = int8_x ? "gemm_gq_q8" : "gemm_gq";
   unsigned long long p[7];
   long long M, N, K, group;
-  int layout, isa;
-  if (!PyArg_ParseTuple(args, "KKKKKKKLLLiLi", &p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &p[6], &M, &N, &K, &layout,
-                        &group, &isa))
+  int layout, isa, x_bf16, y_bf16;
+  if (!PyArg_ParseTuple(args, "KKKKKKKLLLiLiii", &p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &p[6], &M, &N, &K,
+                        &layout, &group, &isa, &x_bf16, &y_bf16))
     return nullptr;
   const GroupQuantWeight w{reinterpret_cast<const void*>(p[1]), reinterpret_cast<const uint32_t*>(p[2]),
                            reinterpret_cast<const float*>(p[3]), reinterpret_cast<const float*>(p[4]), layout, group};
@@ -135,10 +157,33 @@ PyObject* run_gemm_gq(PyObject* args, bool int8_x) {
     return nullptr;
   }
   if (isa < 0 || isa > best_isa()) isa = best_isa();
+  const auto gemm = int8_x ? skinny_gemm_gq_q8 : skinny_gemm_gq;
+  const auto* bias = reinterpret_cast<const float*>(p[5]);
   return without_gil(name, [&] {
-    (int8_x ? skinny_gemm_gq_q8 : skinny_gemm_gq)(reinterpret_cast<const float*>(p[0]), w,
-                                                  reinterpret_cast<const float*>(p[5]), reinterpret_cast<float*>(p[6]),
-                                                  M, N, K, isa);
+    thread_local std::vector<float> xbuf, ybuf;  // reused: a decoding step converts a row per linear
+    for (int64_t start = 0; start < M; start += kGqChunkRows) {
+      const int64_t m = std::min<int64_t>(kGqChunkRows, M - start);
+      const float* xc = reinterpret_cast<const float*>(p[0]) + start * K;
+      if (x_bf16) {
+        const auto* xb = reinterpret_cast<const uint16_t*>(p[0]) + start * K;
+        xbuf.resize(m * K);
+        for (int64_t i = 0; i < m * K; ++i) xbuf[i] = bf16_to_f32(xb[i]);
+        xc = xbuf.data();
+      }
+      float* yc = reinterpret_cast<float*>(p[6]) + start * N;
+      if (y_bf16) {
+        ybuf.resize(m * N);
+        yc = ybuf.data();
+      }
+      gemm(xc, w, bias, yc, m, N, K, isa);
+      if (y_bf16) {
+        uint16_t* yb = reinterpret_cast<uint16_t*>(p[6]) + start * N;
+        const float* src = ybuf.data();
+        at::parallel_for(0, m * N, 16384, [&](int64_t lo, int64_t hi) {
+          for (int64_t i = lo; i < hi; ++i) yb[i] = f32_to_bf16(src[i]);
+        });
+      }
+    }
   });
 }
 
@@ -160,10 +205,10 @@ PyMethodDef kMethods[] = {
     {"gemm_bf16", py_gemm_bf16, METH_VARARGS, "gemm_bf16(x_ptr, w_ptr, bias_f32_ptr_or_0, y_ptr, M, N, K, isa)"},
     {"gemm_gq", py_gemm_gq, METH_VARARGS,
      "gemm_gq(x_ptr, codes_ptr, high_ptr_or_0, scale_ptr, min_ptr_or_0, bias_ptr_or_0, y_ptr, M, N, K, layout, group, "
-     "isa)"},
+     "isa, x_bf16, y_bf16)"},
     {"gemm_gq_q8", py_gemm_gq_q8, METH_VARARGS,
      "gemm_gq_q8(x_ptr, codes_ptr, high_ptr_or_0, scale_ptr, min_ptr_or_0, bias_ptr_or_0, y_ptr, M, N, K, layout, "
-     "group, isa)"},
+     "group, isa, x_bf16, y_bf16)"},
     {"select_within", py_select_within, METH_VARARGS,
      "select_within(a_ptr, floor_ptr, ew_ptr, eq_ptr, coef_ptr, qn_ptr, keep_ptr, M, N)"},
     {"best_isa", py_best_isa, METH_NOARGS, "0 scalar, 1 AVX2+FMA, 2 AVX-512"},

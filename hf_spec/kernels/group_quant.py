@@ -21,6 +21,7 @@ function up to the order of float32 sums. `group_quant_linear` is registered as 
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass
 
 import torch
@@ -104,6 +105,68 @@ class GroupQuantWeight:
             for t in (self.codes, self.scale, self.min, self.high)
             if t is not None
         )
+
+    def kernel_plan(self) -> tuple:
+        """What a kernel call reads, worked out once: `(codes, high or 0, scale, min or 0)` addresses, then
+        `out_features, in_features, layout, group_size, int8_activations` (made again where the codes, the scales
+        or `int8_activations` were replaced: a weight's other fields come with its codes)."""
+        cached = self.__dict__.get("_plan")
+        key = cached[0] if cached is not None else None
+        if (
+            key is None
+            or key[0] is not self.codes
+            or key[1] is not self.scale
+            or key[2] is not self.int8_activations
+        ):
+            key = (self.codes, self.scale, self.int8_activations)
+            ptrs = tuple(
+                0 if t is None else t.data_ptr() for t in (self.codes, self.high, self.scale, self.min)
+            )
+            plan = (*ptrs, self.out_features, self.in_features, int(self.layout), self.group_size,
+                    self.int8_activations)  # fmt: skip
+            cached = self.__dict__["_plan"] = (key, plan)
+        return cached[1]
+
+    @classmethod
+    def unchecked(
+        cls,
+        codes: torch.Tensor,
+        scale: torch.Tensor,
+        min: torch.Tensor | None,
+        high: torch.Tensor | None,
+        layout: CodeLayout,
+        group_size: int,
+        in_features: int,
+        int8_activations: bool,
+    ) -> GroupQuantWeight:
+        """The weight of tensors a checked `GroupQuantWeight` already holds (the custom op's arguments), with the
+        shape checks the kernel's memory reads rely on but not the full ones: a compiled graph calls the op once a
+        linear a step. Tensors that do not fit go through the full checks (which raise)."""
+        n, k = scale.shape[0] if scale.dim() == 2 else -1, in_features
+        fits = (
+            codes.dim() == 2
+            and codes.shape[0] == n
+            and codes.shape[1] == (k if layout == CodeLayout.I8 else k // 2)
+            and codes.is_contiguous()
+            and scale.dtype is torch.float32
+            and scale.is_contiguous()
+            and group_size > 0
+            and scale.shape[1] * group_size == k
+            and (
+                min is None
+                or (min.shape == scale.shape and min.dtype is torch.float32 and min.is_contiguous())
+            )
+            and (high is None) == (layout == CodeLayout.U5)
+            and (high is None or (high.shape == (n, k // RUN) and high.is_contiguous()))
+        )
+        if not fits:
+            return cls(codes, scale, min, high, layout, group_size, in_features, int8_activations)
+        weight = object.__new__(cls)
+        weight.__dict__.update(
+            codes=codes, scale=scale, min=min, high=high, layout=layout, group_size=group_size,
+            in_features=in_features, int8_activations=int8_activations,
+        )  # fmt: skip
+        return weight
 
     @classmethod
     def from_codes(
@@ -194,10 +257,13 @@ def quantize_activations(x: torch.Tensor) -> torch.Tensor:
 
 
 _best_isa: int | None = None
+_kernel = (
+    None  # the loaded module once `_kernel_for(ISA_AUTO)` has found it applies (saves its checks a call)
+)
 
 
 def _kernel_for(isa: int):
-    global _best_isa
+    global _best_isa, _kernel
     mod = cpu_skinny_gemm.load_kernel()
     if mod is None:
         return None
@@ -205,49 +271,56 @@ def _kernel_for(isa: int):
         _best_isa = int(mod.best_isa())
     if isa == ISA_AUTO and _best_isa < ISA_AVX2:
         return None  # the plain C++ path is for tests: without AVX2 the torch twin is faster
+    if isa == ISA_AUTO and not cpu_skinny_gemm.kernels_disabled():
+        _kernel = mod
     return mod
+
+
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # x and y dtypes the kernel reads and writes itself
 
 
 def kernel_group_linear(
     x: torch.Tensor, weight: GroupQuantWeight, bias: torch.Tensor | None = None, isa: int = ISA_AUTO
 ) -> torch.Tensor | None:
-    """`F.linear(x, weight.dequantize(), bias)` by the kernel, float32 `(..., out_features)`, for float32 x
-    `(..., in_features)`, contiguous on CPU, and float32 `bias` `(out_features,)`; None where it does not apply
-    (other dtypes, autograd, no kernel). Rows go to the kernel `MAX_ROWS` at a time (their x stays in the cache
-    while a tile of the weight meets it); each row's bits do not depend on the rows beside it."""
-    if x.dim() == 0 or x.shape[-1] != weight.in_features or x.dtype != torch.float32 or not x.is_cpu:
+    """`F.linear(x, weight.dequantize(), bias)` by the kernel, `(..., out_features)` in x's dtype, for float32 or
+    bfloat16 x `(..., in_features)`, contiguous on CPU, and float32 `bias` `(out_features,)`; None where it does
+    not apply (other dtypes, autograd, no kernel). bfloat16 x is widened to float32 exactly and y is rounded to
+    bfloat16 once, as `F.linear(x.float(), ...).to(torch.bfloat16)` would. Rows go to the kernel `MAX_ROWS` at a
+    time (their x stays in the cache while a tile of the weight meets it); each row's bits do not depend on the
+    rows beside it. A decoding step calls this once a linear, so it checks no more than the kernel's reads need."""
+    plan = weight.kernel_plan()
+    k, n = plan[5], plan[4]
+    if (
+        x.dtype not in _KERNEL_DTYPES
+        or not x.is_cpu
+        or x.dim() == 0
+        or x.shape[-1] != k
+        or not x.is_contiguous()
+    ):
         return None
-    rows = x.numel() // weight.in_features
-    if rows < 1 or not x.is_contiguous() or (torch.is_grad_enabled() and x.requires_grad):
+    rows = x.numel() // k
+    if rows < 1 or (x.requires_grad and torch.is_grad_enabled()):
         return None
-    n = weight.out_features
     if bias is not None and (bias.dtype != torch.float32 or bias.shape != (n,) or not bias.is_contiguous()):
         return None
-    mod = _kernel_for(isa)
-    if mod is None:
-        return None
-    y = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
-    ptr = [0 if t is None else t.data_ptr() for t in (weight.high, weight.min, bias)]
-    gemm = mod.gemm_gq_q8 if weight.int8_activations else mod.gemm_gq
-    k = weight.in_features
-    for start in range(0, rows, MAX_ROWS):
-        m = min(MAX_ROWS, rows - start)
-        gemm(
-            x.data_ptr() + start * k * 4,
-            weight.codes.data_ptr(),
-            ptr[0],
-            weight.scale.data_ptr(),
-            ptr[1],
-            ptr[2],
-            y.data_ptr() + start * n * 4,
-            m,
-            n,
-            k,
-            int(weight.layout),
-            weight.group_size,
-            isa,
-        )
+    if isa == ISA_AUTO and _kernel is not None and _best_isa >= ISA_AVX2 and not _kernels_off():
+        mod = _kernel
+    else:
+        mod = _kernel_for(isa)
+        if mod is None:
+            return None
+    y = x.new_empty((*x.shape[:-1], n))
+    bf16 = x.dtype is torch.bfloat16
+    (mod.gemm_gq_q8 if plan[8] else mod.gemm_gq)(
+        x.data_ptr(), plan[0], plan[1], plan[2], plan[3], 0 if bias is None else bias.data_ptr(), y.data_ptr(),
+        rows, n, k, plan[6], plan[7], isa, bf16, bf16,
+    )  # fmt: skip
     return y
+
+
+def _kernels_off() -> bool:
+    """`HF_SPEC_NO_CPP_KERNELS` asks for no kernels (read on every call; unset, the common case, is the cheap test)."""
+    return os.environ.get("HF_SPEC_NO_CPP_KERNELS") is not None and cpu_skinny_gemm.kernels_disabled()
 
 
 def reference_group_linear(
@@ -272,11 +345,14 @@ def reference_group_linear(
 def group_linear(x: torch.Tensor, weight: GroupQuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`x @ W.T (+ bias)` `(..., out_features)` in x's dtype, summed in float32: by the kernel where it applies,
     else by the torch twin."""
-    x32 = x if x.dtype == torch.float32 else x.float()
-    b32 = None if bias is None else bias.float().contiguous()
-    y = kernel_group_linear(x32.contiguous(), weight, b32) if x.is_cpu else None
+    b32 = bias if bias is None or bias.dtype is torch.float32 else bias.float()
+    if b32 is not None and not b32.is_contiguous():
+        b32 = b32.contiguous()
+    y = kernel_group_linear(x if x.is_contiguous() else x.contiguous(), weight, b32) if x.is_cpu else None
+    if y is None and x.dtype not in _KERNEL_DTYPES and x.is_cpu:  # e.g. float16: the kernel takes it widened
+        y = kernel_group_linear(x.float().contiguous(), weight, b32)
     if y is None:
-        y = reference_group_linear(x32, weight, b32)
+        y = reference_group_linear(x, weight, b32)
     return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
@@ -294,7 +370,7 @@ def group_quant_linear(
 ) -> torch.Tensor:
     """`group_linear` as a torch op: x `(..., in_features)`, the weight's tensors as `GroupQuantWeight` holds them;
     returns `(..., out_features)` in x's dtype."""
-    weight = GroupQuantWeight(
+    weight = GroupQuantWeight.unchecked(
         codes, scale, min, high, CodeLayout(layout), group_size, x.shape[-1], int8_activations
     )
     return group_linear(x, weight, bias)
