@@ -137,3 +137,12 @@ def test_kernel_build_folder_follows_the_cache_variable_and_the_sources(monkeypa
     monkeypatch.setattr(csg, "CSRC", tmp_path / "missing")
     with pytest.raises(RuntimeError, match="sources are missing"):
         csg.kernel_name()
+
+
+def test_is_set_tells_a_known_variable_in_the_environment(monkeypatch):
+    monkeypatch.delenv("HF_SPEC_NO_CPP_KERNELS", raising=False)
+    assert envs.is_set("HF_SPEC_NO_CPP_KERNELS") is False
+    monkeypatch.setenv("HF_SPEC_NO_CPP_KERNELS", "0")
+    assert envs.is_set("HF_SPEC_NO_CPP_KERNELS") is True and envs.HF_SPEC_NO_CPP_KERNELS is False
+    with pytest.raises(KeyError, match="HF_SPEC_NOT_A_VARIABLE"):
+        envs.is_set("HF_SPEC_NOT_A_VARIABLE")

@@ -148,6 +148,14 @@ def __getattr__(name: str) -> Any:
         raise ValueError(f"environment variable {name}: {e}") from None
 
 
+def is_set(name: str) -> bool:
+    """Whether the known variable `name` is in the environment at all: the cheap test a per-call check makes before
+    reading (and parsing) it."""
+    if name not in ENVIRONMENT_VARIABLES:
+        raise KeyError(f"unknown hf-spec environment variable {name!r}")
+    return name in os.environ
+
+
 def __dir__() -> list[str]:
     return sorted([*globals(), *ENVIRONMENT_VARIABLES])
 

@@ -17,6 +17,8 @@ class SpecStats:
     accepted_tokens: int = 0  # accepted draft nodes
     plain_rounds: int = 0  # batch rounds that took a plain step: drafting did not pay (`DraftSwitch`)
     compiled_rounds: int = 0  # rounds verified by the compiled forward (`hf_spec.engine.target.compiled`)
+    # host seconds by phase of a round; on an asynchronous device nothing waits for the device between phases, so
+    # a verification's device time lands where its result is first read (the commit: `time_other`)
     time_draft: float = 0.0
     time_verify: float = 0.0
     time_other: float = 0.0

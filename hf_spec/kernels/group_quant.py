@@ -21,12 +21,12 @@ function up to the order of float32 sums. `group_quant_linear` is registered as 
 from __future__ import annotations
 
 import enum
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from hf_spec.core import envs
 from hf_spec.kernels import cpu_skinny_gemm
 from hf_spec.kernels.cpu_skinny_gemm import ISA_AUTO, ISA_AVX2
 
@@ -320,7 +320,7 @@ def kernel_group_linear(
 
 def _kernels_off() -> bool:
     """`HF_SPEC_NO_CPP_KERNELS` asks for no kernels (read on every call; unset, the common case, is the cheap test)."""
-    return os.environ.get("HF_SPEC_NO_CPP_KERNELS") is not None and cpu_skinny_gemm.kernels_disabled()
+    return envs.is_set("HF_SPEC_NO_CPP_KERNELS") and cpu_skinny_gemm.kernels_disabled()
 
 
 def reference_group_linear(

@@ -67,7 +67,10 @@ class QuantizedLinear(_Packed):
             return bias
         if torch.compiler.is_compiling():  # traced once: the graph converts it (a fused copy)
             return bias.float()
-        key = (bias, bias._version)
+        try:
+            key = (bias, bias._version)
+        except RuntimeError:  # an inference tensor keeps no version counter: converted every call
+            return bias.detach().float().contiguous()
         cached = self.__dict__.get("_bias32")
         if cached is None or cached[0][0] is not bias or cached[0][1] != key[1]:
             cached = self.__dict__["_bias32"] = (key, bias.detach().float().contiguous())
