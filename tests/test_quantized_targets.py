@@ -436,15 +436,15 @@ def test_known_gguf_target_decodes_as_its_own_generate(name, dtype):
         assert verdict["lossless"] or verdict["near_tie"], verdict
 
 
-def test_a_bfloat16_bias_is_converted_once_and_follows_changes():
+def test_a_bfloat16_bias_is_added_in_float32_and_follows_changes():
     weight = _weights(8, 64)["u4-min"]
     bias = torch.randn(8).to(torch.bfloat16)
     module = QuantizedLinear(weight, bias, "int4", torch.bfloat16)
     x = torch.randn(3, 64).to(torch.bfloat16)
     assert torch.equal(module(x), gq.group_linear(x, weight, bias.float()))
     with torch.no_grad():
-        module.bias.add_(1.0)  # an in-place change bumps the version: the float32 copy is made again
+        module.bias.add_(1.0)  # an in-place change is seen by the next call
     assert torch.equal(module(x), gq.group_linear(x, weight, module.bias.float()))
-    with torch.inference_mode():  # inference tensors keep no version counter: converted on each call
+    with torch.inference_mode():  # a module made from inference tensors
         made = QuantizedLinear(weight, bias, "int4", torch.bfloat16)
         assert torch.equal(made(x), gq.group_linear(x, weight, bias.float()))

@@ -33,7 +33,7 @@ struct QuantizedRows {
   std::vector<float> gsum;
   std::vector<int32_t> half_group;  // [K / 16]: the group of inputs 16h..16h + 15 (no division in the tiles)
   std::vector<int32_t> half_sum;    // [K / 16]: one row's sum of the codes of inputs 16h..16h + 15
-  int64_t K = 0, runs = 0, groups = 0;
+  int64_t K = 0, runs = 0, groups = 0, group = 0;  // group: the group size `half_group` was made for
 };
 
 // run r of a row of x: its scale d (returned), codes 0-15 at q[0..15] and codes 16-31 at q[hi..hi + 15] (hi = 16:
@@ -104,8 +104,11 @@ void quantize_rows(const float* x, const GroupQuantWeight& w, int64_t M, int64_t
   out.q.resize(M * K);
   out.d.resize(M * out.runs);
   out.gsum.assign(w.min ? M * out.groups : 0, 0.f);
-  out.half_group.resize(K / 16);
-  for (int64_t h = 0; h < K / 16; ++h) out.half_group[h] = static_cast<int32_t>(h * 16 / w.group);
+  if (static_cast<int64_t>(out.half_group.size()) != K / 16 || out.group != w.group) {  // else the last call's
+    out.half_group.resize(K / 16);
+    for (int64_t h = 0; h < K / 16; ++h) out.half_group[h] = static_cast<int32_t>(h * 16 / w.group);
+    out.group = w.group;
+  }
   std::vector<int32_t>& halves = out.half_sum;
   halves.resize(K / 16);
   for (int64_t m = 0; m < M; ++m) {

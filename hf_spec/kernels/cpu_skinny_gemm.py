@@ -61,8 +61,9 @@ _F32, _STRIDED = torch.float32, torch.strided
 
 
 def kernels_disabled() -> bool:
-    """`HF_SPEC_NO_CPP_KERNELS=1` (read on every call, so it can be flipped)."""
-    return envs.HF_SPEC_NO_CPP_KERNELS
+    """`HF_SPEC_NO_CPP_KERNELS=1` (read on every call, so it can be flipped; unset, the common case, is a dict
+    lookup: every kernel call asks)."""
+    return envs.is_set("HF_SPEC_NO_CPP_KERNELS") and envs.HF_SPEC_NO_CPP_KERNELS
 
 
 def source_files() -> list[Path]:

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from hf_spec.core import envs
 from hf_spec.kernels import cpu_skinny_gemm
 from hf_spec.kernels.cpu_skinny_gemm import ISA_AUTO, ISA_AVX2
 
@@ -257,13 +256,10 @@ def quantize_activations(x: torch.Tensor) -> torch.Tensor:
 
 
 _best_isa: int | None = None
-_kernel = (
-    None  # the loaded module once `_kernel_for(ISA_AUTO)` has found it applies (saves its checks a call)
-)
 
 
 def _kernel_for(isa: int):
-    global _best_isa, _kernel
+    global _best_isa
     mod = cpu_skinny_gemm.load_kernel()
     if mod is None:
         return None
@@ -271,8 +267,6 @@ def _kernel_for(isa: int):
         _best_isa = int(mod.best_isa())
     if isa == ISA_AUTO and _best_isa < ISA_AVX2:
         return None  # the plain C++ path is for tests: without AVX2 the torch twin is faster
-    if isa == ISA_AUTO and not cpu_skinny_gemm.kernels_disabled():
-        _kernel = mod
     return mod
 
 
@@ -303,12 +297,9 @@ def kernel_group_linear(
         return None
     if bias is not None and (bias.dtype != torch.float32 or bias.shape != (n,) or not bias.is_contiguous()):
         return None
-    if isa == ISA_AUTO and _kernel is not None and _best_isa >= ISA_AVX2 and not _kernels_off():
-        mod = _kernel
-    else:
-        mod = _kernel_for(isa)
-        if mod is None:
-            return None
+    mod = _kernel_for(isa)
+    if mod is None:
+        return None
     y = x.new_empty((*x.shape[:-1], n))
     bf16 = x.dtype is torch.bfloat16
     (mod.gemm_gq_q8 if plan[8] else mod.gemm_gq)(
@@ -316,11 +307,6 @@ def kernel_group_linear(
         rows, n, k, plan[6], plan[7], isa, bf16, bf16,
     )  # fmt: skip
     return y
-
-
-def _kernels_off() -> bool:
-    """`HF_SPEC_NO_CPP_KERNELS` asks for no kernels (read on every call; unset, the common case, is the cheap test)."""
-    return envs.is_set("HF_SPEC_NO_CPP_KERNELS") and cpu_skinny_gemm.kernels_disabled()
 
 
 def reference_group_linear(
@@ -348,9 +334,10 @@ def group_linear(x: torch.Tensor, weight: GroupQuantWeight, bias: torch.Tensor |
     b32 = bias if bias is None or bias.dtype is torch.float32 else bias.float()
     if b32 is not None and not b32.is_contiguous():
         b32 = b32.contiguous()
-    y = kernel_group_linear(x if x.is_contiguous() else x.contiguous(), weight, b32) if x.is_cpu else None
-    if y is None and x.dtype not in _KERNEL_DTYPES and x.is_cpu:  # e.g. float16: the kernel takes it widened
-        y = kernel_group_linear(x.float().contiguous(), weight, b32)
+    y = None
+    if x.is_cpu:
+        xk = x if x.dtype in _KERNEL_DTYPES else x.float()  # e.g. float16: the kernel takes it widened
+        y = kernel_group_linear(xk if xk.is_contiguous() else xk.contiguous(), weight, b32)
     if y is None:
         y = reference_group_linear(x, weight, b32)
     return y if y.dtype == x.dtype else y.to(x.dtype)

@@ -58,23 +58,7 @@ class QuantizedLinear(_Packed):
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return quantized_linear(x, self.packed, self._float_bias())
-
-    def _float_bias(self) -> torch.Tensor | None:
-        """The bias in float32, as the kernel adds it (converted once per change of the bias, not every call)."""
-        bias = self.bias
-        if bias is None or bias.dtype is torch.float32:
-            return bias
-        if torch.compiler.is_compiling():  # traced once: the graph converts it (a fused copy)
-            return bias.float()
-        try:
-            key = (bias, bias._version)
-        except RuntimeError:  # an inference tensor keeps no version counter: converted every call
-            return bias.detach().float().contiguous()
-        cached = self.__dict__.get("_bias32")
-        if cached is None or cached[0][0] is not bias or cached[0][1] != key[1]:
-            cached = self.__dict__["_bias32"] = (key, bias.detach().float().contiguous())
-        return cached[1]
+        return quantized_linear(x, self.packed, self.bias)
 
     def extra_repr(self) -> str:
         return (
