@@ -187,6 +187,47 @@ PyObject* run_gemm_gq(PyObject* args, bool int8_x) {
   });
 }
 
+// (x_ptr, w_ptr, y_ptr, rows, H, eps, bf16): y = w * to_dtype(x * rsqrt(mean(x^2) + eps)) row by row, the
+// RMSNorm of Llama-family models (transformers' `LlamaRMSNorm.forward`) in one call: x, w and y all bfloat16 (`bf16`)
+// or all float32; the mean of squares is summed in float32 over 8 lanes, then the lanes in pairs
+PyObject* py_rms_norm(PyObject*, PyObject* args) {
+  unsigned long long p[3];
+  long long rows, H;
+  double eps;
+  int bf16;
+  if (!PyArg_ParseTuple(args, "KKKLLdi", &p[0], &p[1], &p[2], &rows, &H, &eps, &bf16)) return nullptr;
+  if (rows < 1 || H < 1 || !p[0] || !p[1] || !p[2]) {
+    PyErr_SetString(PyExc_ValueError, "rms_norm: bad shape or null pointer");
+    return nullptr;
+  }
+  return without_gil("rms_norm", [&] {
+    at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / H), [&](int64_t r0, int64_t r1) {
+      std::vector<float> xf(H);
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t i = 0; i < H; ++i)
+          xf[i] = bf16 ? bf16_to_f32(reinterpret_cast<const uint16_t*>(p[0])[r * H + i])
+                       : reinterpret_cast<const float*>(p[0])[r * H + i];
+        float lanes[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        int64_t i = 0;
+        for (; i + 8 <= H; i += 8)
+          for (int l = 0; l < 8; ++l) lanes[l] += xf[i + l] * xf[i + l];
+        for (; i < H; ++i) lanes[i % 8] += xf[i] * xf[i];
+        const float sum = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+        const float inv = 1.f / std::sqrt(sum / static_cast<float>(H) + static_cast<float>(eps));
+        if (bf16) {
+          const auto* w = reinterpret_cast<const uint16_t*>(p[1]);
+          auto* y = reinterpret_cast<uint16_t*>(p[2]) + r * H;
+          for (int64_t k = 0; k < H; ++k) y[k] = f32_to_bf16(bf16_to_f32(w[k]) * bf16_to_f32(f32_to_bf16(xf[k] * inv)));
+        } else {
+          const auto* w = reinterpret_cast<const float*>(p[1]);
+          float* y = reinterpret_cast<float*>(p[2]) + r * H;
+          for (int64_t k = 0; k < H; ++k) y[k] = w[k] * (xf[k] * inv);
+        }
+      }
+    });
+  });
+}
+
 PyObject* py_gemm_gq(PyObject*, PyObject* args) { return run_gemm_gq(args, false); }
 
 PyObject* py_gemm_gq_q8(PyObject*, PyObject* args) { return run_gemm_gq(args, true); }
@@ -209,6 +250,7 @@ PyMethodDef kMethods[] = {
     {"gemm_gq_q8", py_gemm_gq_q8, METH_VARARGS,
      "gemm_gq_q8(x_ptr, codes_ptr, high_ptr_or_0, scale_ptr, min_ptr_or_0, bias_ptr_or_0, y_ptr, M, N, K, layout, "
      "group, isa, x_bf16, y_bf16)"},
+    {"rms_norm", py_rms_norm, METH_VARARGS, "rms_norm(x_ptr, w_ptr, y_ptr, rows, H, eps, bf16)"},
     {"select_within", py_select_within, METH_VARARGS,
      "select_within(a_ptr, floor_ptr, ew_ptr, eq_ptr, coef_ptr, qn_ptr, keep_ptr, M, N)"},
     {"best_isa", py_best_isa, METH_NOARGS, "0 scalar, 1 AVX2+FMA, 2 AVX-512"},

@@ -14,8 +14,8 @@ first and multiply integers (`gemm_group_quant_q8.cpp`; `quantize_activations` i
 llama.cpp computes a GGUF's quantized weights: several times fewer instructions a weight on CPUs without native
 bfloat16 products. Without a kernel (`HF_SPEC_NO_CPP_KERNELS=1`, no compiler, not x86) the torch twin runs:
 `F.linear(x.float(), dequantize())` (x through `quantize_activations` first where the weight asks), the same
-function up to the order of float32 sums. `group_quant_linear` is registered as the custom op
-`hf_spec::group_quant_linear`, so `torch.compile` calls it without a graph break.
+function up to the order of float32 sums. `group_quant_linear` is the torch operator `hf_spec::group_quant_linear`
+(`hf_spec.kernels.ops.define_cpu_op`), so `torch.compile` calls it without a graph break.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from hf_spec.kernels import cpu_skinny_gemm
 from hf_spec.kernels.cpu_skinny_gemm import ISA_AUTO, ISA_AVX2
+from hf_spec.kernels.ops import define_cpu_op
 
 MAX_ROWS = 64  # rows of x a kernel call takes; more are split into calls of this many
 RUN = 32  # codes per packed run (U4 / U5)
@@ -343,8 +344,7 @@ def group_linear(x: torch.Tensor, weight: GroupQuantWeight, bias: torch.Tensor |
     return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
-@torch.library.custom_op("hf_spec::group_quant_linear", mutates_args=())
-def group_quant_linear(
+def _group_quant_linear(
     x: torch.Tensor,
     codes: torch.Tensor,
     scale: torch.Tensor,
@@ -363,9 +363,11 @@ def group_quant_linear(
     return group_linear(x, weight, bias)
 
 
-@group_quant_linear.register_fake
-def _(x, codes, scale, min, high, bias, layout, group_size, int8_activations=False):
+def _group_quant_linear_fake(x, codes, scale, min, high, bias, layout, group_size, int8_activations=False):
     return x.new_empty((*x.shape[:-1], scale.shape[0]))
+
+
+group_quant_linear = define_cpu_op("group_quant_linear", _group_quant_linear, _group_quant_linear_fake)
 
 
 def quantized_linear(

@@ -1,5 +1,6 @@
 """The modules a quantized target runs on: `QuantizedLinear` (an `nn.Linear` replacement whose forward is hf-spec's
-group-quantized kernel) and `QuantizedEmbedding` (rows de-quantized on lookup), both holding a `GroupQuantWeight`.
+group-quantized kernel) and `QuantizedEmbedding` (rows de-quantized on lookup), both holding a `GroupQuantWeight`,
+and `FusedRMSNorm` (a Llama-family RMSNorm in one kernel call, `hf_spec.kernels.rms_norm`).
 
 The packed tensors are plain attributes, not parameters or buffers: `model.to(torch.bfloat16)` leaves the float32
 scales as they are (they define the weight), and moving the model off the CPU raises. A tied LM head and embedding
@@ -13,6 +14,7 @@ import torch
 from torch import nn
 
 from hf_spec.kernels.group_quant import GroupQuantWeight, quantized_linear
+from hf_spec.kernels.rms_norm import rms_norm
 
 
 class _Packed(nn.Module):
@@ -86,4 +88,56 @@ class QuantizedEmbedding(_Packed):
         return f"{self.num_embeddings}, {self.embedding_dim}, scheme={self.scheme}"
 
 
-__all__ = ["QuantizedEmbedding", "QuantizedLinear"]
+# transformers' RMSNorm classes whose forward is `weight * to_dtype(x * rsqrt(mean(x**2) + eps))` (others, such as
+# Gemma's `1 + weight` or OLMo-2's cast after the product, are left as they are)
+FUSABLE_RMS_NORMS = frozenset(
+    {
+        "GraniteRMSNorm",
+        "LlamaRMSNorm",
+        "MistralRMSNorm",
+        "Phi3RMSNorm",
+        "Qwen2RMSNorm",
+        "Qwen3RMSNorm",
+        "SmolLM3RMSNorm",
+    }
+)
+
+
+class FusedRMSNorm(nn.Module):
+    """A Llama-family RMSNorm `(..., hidden)` -> `(..., hidden)` in one call of hf-spec's kernel
+    (`hf_spec.kernels.rms_norm`): the same weight parameter (same state-dict key) and epsilon."""
+
+    def __init__(self, weight: nn.Parameter, eps: float, replaces: str) -> None:
+        super().__init__()
+        self.weight = weight
+        self.variance_epsilon = eps
+        self.replaces = replaces  # the transformers class it stands for
+
+    @classmethod
+    def fusable(cls, module: nn.Module) -> bool:
+        """Whether `module` is a transformers RMSNorm of the formula this computes."""
+        return (
+            type(module).__name__ in FUSABLE_RMS_NORMS
+            and isinstance(getattr(module, "weight", None), nn.Parameter)
+            and module.weight.dim() == 1
+            and isinstance(getattr(module, "variance_epsilon", None), float)
+        )
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return rms_norm(hidden_states, self.weight, self.variance_epsilon)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}, replaces={self.replaces}"
+
+
+def fuse_rms_norms(model: nn.Module) -> int:
+    """Replace `model`'s fusable RMSNorms (`FUSABLE_RMS_NORMS`) by `FusedRMSNorm`s in place; returns how many."""
+    targets = [(name, m) for name, m in model.named_modules() if FusedRMSNorm.fusable(m)]
+    for name, module in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, FusedRMSNorm(module.weight, module.variance_epsilon, type(module).__name__))
+    return len(targets)
+
+
+__all__ = ["FUSABLE_RMS_NORMS", "FusedRMSNorm", "QuantizedEmbedding", "QuantizedLinear", "fuse_rms_norms"]

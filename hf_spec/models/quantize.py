@@ -29,7 +29,7 @@ from torch import nn
 
 from hf_spec.kernels.group_quant import CodeLayout, GroupQuantWeight
 from hf_spec.models.downloads import MARKER
-from hf_spec.models.quant_modules import QuantizedEmbedding, QuantizedLinear
+from hf_spec.models.quant_modules import FusedRMSNorm, QuantizedEmbedding, QuantizedLinear, fuse_rms_norms
 
 SCHEMES = ("int8", "int4", "gguf")
 INT4_GROUP = 32
@@ -191,7 +191,8 @@ def _module_name(model: nn.Module, module: nn.Module) -> str:
 
 def quantize_target(model: nn.Module, scheme: str, gguf_path: str | Path | None = None) -> nn.Module:
     """`model` with its linears quantized by `scheme` (in place, returned): `int8`, `int4`, or `gguf` (with the
-    GGUF file it was converted from: `gguf_path`, or the one its folder's `hf_spec_fetch.json` names)."""
+    GGUF file it was converted from: `gguf_path`, or the one its folder's `hf_spec_fetch.json` names); its
+    Llama-family RMSNorms become `FusedRMSNorm`s (one kernel call each)."""
     if scheme not in SCHEMES:
         raise ValueError(f"unknown quantize={scheme!r}: use one of {', '.join(SCHEMES)}")
     if any(p.device.type != "cpu" for p in model.parameters()):
@@ -205,6 +206,8 @@ def quantize_target(model: nn.Module, scheme: str, gguf_path: str | Path | None 
         done = quantize_made_here(model, scheme)
         if not done:
             raise ValueError(f"quantize={scheme!r}: no linear of this model has a width the layout takes")
+    # what is left of a decoding step around the linears is mostly tiny ops' dispatch: the norms take one call
+    fuse_rms_norms(model)
     return model
 
 
@@ -220,6 +223,9 @@ def quantization_report(model: nn.Module) -> str:
     rounded = sum(1 for m in model.modules() if isinstance(m, QuantizedLinear) and m.packed.int8_activations)
     if rounded:
         lookup += f"; {rounded} with int8 inputs (rounded per 32, as llama.cpp)"
+    norms = sum(1 for m in model.modules() if isinstance(m, FusedRMSNorm))
+    if norms:
+        lookup += f"; {norms} RMSNorms in one kernel call each"
     rest = f"; {dense} nn.Linear unquantized" if dense else ""
     return f"yes: {sum(quantized.values())} linears on hf-spec's quantized kernel ({kinds}){lookup}{rest}"
 
