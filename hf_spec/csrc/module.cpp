@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "skinny_gemm.h"
@@ -228,6 +229,183 @@ PyObject* py_rms_norm(PyObject*, PyObject* args) {
   });
 }
 
+template <bool BF16>
+inline float load_at(const void* base, int64_t at) {
+  if constexpr (BF16)
+    return bf16_to_f32(static_cast<const uint16_t*>(base)[at]);
+  else
+    return static_cast<const float*>(base)[at];
+}
+
+template <bool BF16>
+inline void widen_row(const void* base, int64_t at, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = load_at<BF16>(base, at + i);
+}
+
+// q . k over 8 lanes, then the lanes in pairs (a fixed order: the same bits for a row alone or among others)
+inline float dot8(const float* a, const float* b, int64_t n) {
+  float lanes[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  int64_t d = 0;
+  for (; d + 8 <= n; d += 8)
+    for (int j = 0; j < 8; ++j) lanes[j] += a[d + j] * b[d + j];
+  for (; d < n; ++d) lanes[d % 8] += a[d] * b[d];
+  return ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+}
+
+// the same sum with AVX2: 8 lanes as one register, fused multiply-adds
+HF_AVX2 inline float dot8_avx2(const float* a, const float* b, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t d = 0;
+  for (; d + 8 <= n; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  for (; d < n; ++d) lanes[d % 8] += a[d] * b[d];
+  return ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+}
+
+// e^x for x <= 0, 8 lanes (Cephes' expf: x = n ln 2 + r, a degree-5 polynomial in r, times 2^n; within 2 ulp of
+// std::exp); -inf and anything below -87 give 0
+HF_AVX2 inline __m256 exp_avx2(__m256 x) {
+  const __m256 low = _mm256_set1_ps(-87.f);
+  const __m256 dead = _mm256_cmp_ps(x, low, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, low);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(dead, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}
+
+// s[l] = e^(s[l] - best) for the first multiple of 8 of n entries; returns how many
+HF_AVX2 inline int64_t exp_shifted_avx2(float* s, int64_t n, float best) {
+  const __m256 b = _mm256_set1_ps(best);
+  int64_t l = 0;
+  for (; l + 8 <= n; l += 8) _mm256_storeu_ps(s + l, exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + l), b)));
+  return l;
+}
+
+struct RowsAttention {
+  const void *q, *k, *v, *mask;
+  void* out;
+  int64_t H, KVH, R, L, D, Dv, qh, qr, kh, kl, vh, vl;
+  int mask_kind;
+  float scale;
+};
+
+// one KV head g and one query row r: the group's query heads against every key, each (head, row) alone; inlined
+// into a plain and an AVX2 + FMA caller (the CPU's best is picked per call, so a machine always takes the same one)
+template <bool BF16, bool AVX2>
+__attribute__((always_inline)) inline void rows_attention_one(const RowsAttention& a, int64_t g, int64_t r) {
+  const int64_t group = a.H / a.KVH, h0 = g * group;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  std::vector<float> q(group * a.D), row(std::max(a.D, a.Dv)), score(group * a.L, kNegInf), acc(group * a.Dv, 0.f);
+  std::vector<float> best(group, kNegInf), total(group, 0.f);
+  for (int64_t j = 0; j < group; ++j) widen_row<BF16>(a.q, (h0 + j) * a.qh + r * a.qr, a.D, q.data() + j * a.D);
+  std::vector<uint8_t> live(a.L, 1);
+  for (int64_t l = 0; l < a.L; ++l) {
+    float bias = 0.f;
+    if (a.mask_kind == 1) bias = static_cast<const float*>(a.mask)[r * a.L + l];
+    if (a.mask_kind == 2) bias = bf16_to_f32(static_cast<const uint16_t*>(a.mask)[r * a.L + l]);
+    if (a.mask_kind == 3 && !static_cast<const bool*>(a.mask)[r * a.L + l]) bias = kNegInf;
+    if (bias == kNegInf) {  // adds an exact zero: skipped
+      live[l] = 0;
+      continue;
+    }
+    widen_row<BF16>(a.k, g * a.kh + l * a.kl, a.D, row.data());
+    for (int64_t j = 0; j < group; ++j) {
+      const float* qj = q.data() + j * a.D;
+      float s;
+      if constexpr (AVX2)
+        s = dot8_avx2(qj, row.data(), a.D) * a.scale + bias;
+      else
+        s = dot8(qj, row.data(), a.D) * a.scale + bias;
+      score[j * a.L + l] = s;
+      best[j] = std::max(best[j], s);
+    }
+  }
+  // score -> e^(score - best), in place (masked keys: e^-inf = 0)
+  for (int64_t j = 0; j < group; ++j) {
+    float* sj = score.data() + j * a.L;
+    int64_t l = 0;
+    if constexpr (AVX2) l = exp_shifted_avx2(sj, a.L, best[j]);
+    for (; l < a.L; ++l) sj[l] = std::exp(sj[l] - best[j]);
+  }
+  for (int64_t l = 0; l < a.L; ++l) {
+    if (!live[l]) continue;
+    widen_row<BF16>(a.v, g * a.vh + l * a.vl, a.Dv, row.data());
+    for (int64_t j = 0; j < group; ++j) {
+      if (best[j] == kNegInf) continue;
+      const float w = score[j * a.L + l];
+      total[j] += w;
+      float* accj = acc.data() + j * a.Dv;
+      for (int64_t d = 0; d < a.Dv; ++d) accj[d] += w * row[d];
+    }
+  }
+  for (int64_t j = 0; j < group; ++j) {
+    const float inv = total[j] > 0.f ? 1.f / total[j] : 0.f;  // every key masked: zeros
+    const int64_t at = (r * a.H + h0 + j) * a.Dv;               // out [R, H, Dv]
+    for (int64_t d = 0; d < a.Dv; ++d) {
+      const float y = acc[j * a.Dv + d] * inv;
+      if constexpr (BF16)
+        static_cast<uint16_t*>(a.out)[at + d] = f32_to_bf16(y);
+      else
+        static_cast<float*>(a.out)[at + d] = y;
+    }
+  }
+}
+
+template <bool BF16>
+void rows_attention_plain(const RowsAttention& a, int64_t g, int64_t r) {
+  rows_attention_one<BF16, false>(a, g, r);
+}
+
+template <bool BF16>
+HF_AVX2 void rows_attention_avx2(const RowsAttention& a, int64_t g, int64_t r) {
+  rows_attention_one<BF16, true>(a, g, r);
+}
+
+// (q, k, v, mask, out pointers; H, KVH, R, L, D, Dv; q's head and row strides, k's and v's head and key strides (in
+// elements, the last dimension contiguous); mask_kind 0 none / 1 additive float32 / 2 additive bfloat16 / 3 bool
+// (true attends), [R, L] contiguous; scale; bf16: q, k, v and out bfloat16, else float32):
+// out[r, h, :] = softmax_l(q[h, r] . k[g, l] * scale + mask[r, l]) @ v[g, :] with g = h / (H / KVH), for one batch
+// row, out [R, H, Dv]. Float32 throughout, keys in order, so each query row's bits depend on that row and the keys
+// only: a verification's rows get what one-row decoding gets. Masked keys (-inf, or false) are skipped (they add
+// exact zeros); a row with every key masked gives zeros.
+PyObject* py_rows_attention(PyObject*, PyObject* args) {
+  unsigned long long p[5];
+  long long H, KVH, R, L, D, Dv, qh, qr, kh, kl, vh, vl;
+  int mask_kind, bf16;
+  double scale;
+  if (!PyArg_ParseTuple(args, "KKKKKLLLLLLLLLLLLidi", &p[0], &p[1], &p[2], &p[3], &p[4], &H, &KVH, &R, &L, &D, &Dv,
+                        &qh, &qr, &kh, &kl, &vh, &vl, &mask_kind, &scale, &bf16))
+    return nullptr;
+  if (H < 1 || KVH < 1 || H % KVH || R < 1 || L < 1 || D < 1 || Dv < 1 || !p[0] || !p[1] || !p[2] || !p[4] ||
+      (mask_kind && !p[3]) || mask_kind < 0 || mask_kind > 3) {
+    PyErr_SetString(PyExc_ValueError, "rows_attention: bad shape, mask kind or null pointer");
+    return nullptr;
+  }
+  const RowsAttention a{reinterpret_cast<const void*>(p[0]), reinterpret_cast<const void*>(p[1]),
+                        reinterpret_cast<const void*>(p[2]), reinterpret_cast<const void*>(p[3]),
+                        reinterpret_cast<void*>(p[4]), H, KVH, R, L, D, Dv, qh, qr, kh, kl, vh, vl, mask_kind,
+                        static_cast<float>(scale)};
+  const bool avx2 = best_isa() >= kIsaAvx2;
+  const auto one = bf16 ? (avx2 ? rows_attention_avx2<true> : rows_attention_plain<true>)
+                        : (avx2 ? rows_attention_avx2<false> : rows_attention_plain<false>);
+  return without_gil("rows_attention", [&] {
+    at::parallel_for(0, KVH * R, 1, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) one(a, i / R, i % R);
+    });
+  });
+}
+
 PyObject* py_gemm_gq(PyObject*, PyObject* args) { return run_gemm_gq(args, false); }
 
 PyObject* py_gemm_gq_q8(PyObject*, PyObject* args) { return run_gemm_gq(args, true); }
@@ -251,6 +429,9 @@ PyMethodDef kMethods[] = {
      "gemm_gq_q8(x_ptr, codes_ptr, high_ptr_or_0, scale_ptr, min_ptr_or_0, bias_ptr_or_0, y_ptr, M, N, K, layout, "
      "group, isa, x_bf16, y_bf16)"},
     {"rms_norm", py_rms_norm, METH_VARARGS, "rms_norm(x_ptr, w_ptr, y_ptr, rows, H, eps, bf16)"},
+    {"rows_attention", py_rows_attention, METH_VARARGS,
+     "rows_attention(q, k, v, mask_or_0, out, H, KVH, R, L, D, Dv, q_h, q_r, k_h, k_l, v_h, v_l, mask_kind, scale, "
+     "bf16)"},
     {"select_within", py_select_within, METH_VARARGS,
      "select_within(a_ptr, floor_ptr, ew_ptr, eq_ptr, coef_ptr, qn_ptr, keep_ptr, M, N)"},
     {"best_isa", py_best_isa, METH_NOARGS, "0 scalar, 1 AVX2+FMA, 2 AVX-512"},

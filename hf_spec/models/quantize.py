@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from hf_spec.kernels.group_quant import CodeLayout, GroupQuantWeight
+from hf_spec.kernels.rows_attention import ROWS_ATTENTION, use_rows_attention
 from hf_spec.models.downloads import MARKER
 from hf_spec.models.quant_modules import FusedRMSNorm, QuantizedEmbedding, QuantizedLinear, fuse_rms_norms
 
@@ -192,7 +193,8 @@ def _module_name(model: nn.Module, module: nn.Module) -> str:
 def quantize_target(model: nn.Module, scheme: str, gguf_path: str | Path | None = None) -> nn.Module:
     """`model` with its linears quantized by `scheme` (in place, returned): `int8`, `int4`, or `gguf` (with the
     GGUF file it was converted from: `gguf_path`, or the one its folder's `hf_spec_fetch.json` names); its
-    Llama-family RMSNorms become `FusedRMSNorm`s (one kernel call each)."""
+    Llama-family RMSNorms become `FusedRMSNorm`s (one kernel call each) and a model that runs `sdpa` runs
+    `hf_spec.kernels.rows_attention` (each query row computed alone)."""
     if scheme not in SCHEMES:
         raise ValueError(f"unknown quantize={scheme!r}: use one of {', '.join(SCHEMES)}")
     if any(p.device.type != "cpu" for p in model.parameters()):
@@ -206,8 +208,10 @@ def quantize_target(model: nn.Module, scheme: str, gguf_path: str | Path | None 
         done = quantize_made_here(model, scheme)
         if not done:
             raise ValueError(f"quantize={scheme!r}: no linear of this model has a width the layout takes")
-    # what is left of a decoding step around the linears is mostly tiny ops' dispatch: the norms take one call
+    # what is left of a decoding step around the linears is mostly tiny ops' dispatch: the norms take one call,
+    # attention one call that also gives each row of a verification the bits of one-row decoding
     fuse_rms_norms(model)
+    use_rows_attention(model)
     return model
 
 
@@ -226,6 +230,8 @@ def quantization_report(model: nn.Module) -> str:
     norms = sum(1 for m in model.modules() if isinstance(m, FusedRMSNorm))
     if norms:
         lookup += f"; {norms} RMSNorms in one kernel call each"
+    if getattr(model.config, "_attn_implementation", None) == ROWS_ATTENTION:
+        lookup += "; attention on hf-spec's row kernel"
     rest = f"; {dense} nn.Linear unquantized" if dense else ""
     return f"yes: {sum(quantized.values())} linears on hf-spec's quantized kernel ({kinds}){lookup}{rest}"
 

@@ -1,0 +1,121 @@
+"""`rows_attention`: the attention of hf-spec's quantized CPU targets, each query row computed alone: against
+transformers' `sdpa` (float32 and bfloat16), a row's bits alone equal to its bits among others, its masks
+(additive, boolean, none = causal or every key), what it hands back to `sdpa`, the compiled operator, and a
+bfloat16 quantized target whose speculative output equals its own `generate` token for token."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from hf_spec.kernels import cpu_skinny_gemm
+from hf_spec.kernels.rows_attention import ROWS_ATTENTION, _causal, rows_attention_forward
+from hf_spec.models.quantize import quantization_report, quantize_target
+from tests.conftest import make_tiny_model
+
+
+@pytest.fixture
+def kernel():
+    if cpu_skinny_gemm.load_kernel() is None:
+        pytest.skip("the C++ kernel does not build here")
+
+
+def _module() -> nn.Module:
+    module = nn.Module()
+    module.is_causal = True
+    module.num_key_value_groups = 7
+    return module
+
+
+def _inputs(dtype: torch.dtype, rows: int = 5, keys: int = 77, dim: int = 64, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    q = (
+        torch.randn(1, rows, 14, dim, generator=g).to(dtype).transpose(1, 2)
+    )  # (1, heads, rows, dim), as a layer
+    k = torch.randn(1, 2, keys, dim, generator=g).to(dtype)
+    v = torch.randn(1, 2, keys, dim, generator=g).to(dtype)
+    mask = torch.zeros(1, 1, rows, keys, dtype=dtype).masked_fill(~_causal(rows, keys), float("-inf"))
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_attention_is_sdpa_and_each_row_is_its_own(kernel, dtype):
+    q, k, v, mask = _inputs(dtype)
+    got = rows_attention_forward(_module(), q, k, v, mask, scaling=0.125)[0]
+    want = sdpa_attention_forward(_module(), q, k, v, mask, scaling=0.125)[0]
+    assert got.shape == want.shape == (1, 5, 14, 64) and got.dtype == dtype
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype is torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(got, want, **tol)
+    alone = [rows_attention_forward(_module(), q[:, :, r : r + 1], k, v, mask[:, :, r : r + 1], scaling=0.125)[0]
+             for r in range(5)]  # fmt: skip
+    assert torch.equal(torch.cat(alone, dim=1), got), "a row's bits depend on the rows beside it"
+
+
+def test_masks_boolean_none_and_fully_masked_rows(kernel):
+    q, k, v, mask = _inputs(torch.float32)
+    ref = rows_attention_forward(_module(), q, k, v, mask, scaling=0.125)[0]
+    assert torch.equal(rows_attention_forward(_module(), q, k, v, mask == 0, scaling=0.125)[0], ref)
+    assert torch.equal(rows_attention_forward(_module(), q, k, v, None, scaling=0.125)[0], ref)  # causal
+    every = torch.zeros_like(mask)
+    assert torch.equal(
+        rows_attention_forward(_module(), q, k, v, None, scaling=0.125, is_causal=False)[0],
+        rows_attention_forward(_module(), q, k, v, every, scaling=0.125)[0],
+    )
+    blocked = mask.clone()
+    blocked[..., 2, :] = float("-inf")
+    out = rows_attention_forward(_module(), q, k, v, blocked, scaling=0.125)[0]
+    assert torch.equal(out[:, 2], torch.zeros_like(out[:, 2])) and torch.isfinite(out).all()
+    assert torch.equal(out[:, :2], ref[:, :2])
+
+
+def test_what_the_kernel_does_not_take_goes_to_sdpa(kernel, monkeypatch):
+    calls = []
+
+    def sdpa(*args, **kwargs):
+        calls.append(1)
+        return sdpa_attention_forward(*args, **kwargs)
+
+    monkeypatch.setattr("hf_spec.kernels.rows_attention.sdpa_attention_forward", sdpa)
+    q, k, v, mask = _inputs(torch.float32, rows=65, keys=80)  # a prefill wider than 64 rows
+    rows_attention_forward(_module(), q, k, v, mask, scaling=0.125)
+    q, k, v, mask = _inputs(torch.float32)
+    rows_attention_forward(_module(), q.half(), k.half(), v.half(), mask.half(), scaling=0.125)
+    rows_attention_forward(_module(), q, k, v, mask, dropout=0.1, scaling=0.125)
+    rows_attention_forward(_module(), q.expand(2, -1, -1, -1), k.expand(2, -1, -1, -1), v.expand(2, -1, -1, -1),
+                           mask, scaling=0.125)  # fmt: skip
+    with pytest.raises(ValueError, match="softcap"):  # sdpa's own error, not a silent answer
+        rows_attention_forward(_module(), q, k, v, mask, scaling=0.125, softcap=30.0)
+    assert len(calls) == 5
+    rows_attention_forward(_module(), q, k, v, mask, scaling=0.125)
+    assert len(calls) == 5
+
+
+def test_compiled_graph_calls_one_operator(kernel):
+    q, k, v, mask = _inputs(torch.bfloat16, rows=3, keys=20)
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def attend(q, k, v, mask):
+        return rows_attention_forward(_module(), q, k, v, mask, scaling=0.125)[0]
+
+    compiled = torch.compile(attend, fullgraph=True, backend=record)
+    assert torch.equal(compiled(q, k, v, mask), attend(q, k, v, mask))
+    assert any(str(n.target) == "hf_spec.rows_attention.default" for g in graphs for n in g.graph.nodes)
+    torch.library.opcheck(torch.ops.hf_spec.rows_attention.default, (q, k, v, mask[0, 0], 0.125, True))
+
+
+@pytest.mark.parametrize("spec", ["pld", "draft-model"])
+def test_bfloat16_quantized_target_decodes_as_its_own_generate(kernel, spec):
+    """Linears, norms and attention all give a verification row the bits of one-row decoding, so in bfloat16
+    too the speculative output is the quantized model's own greedy output, token for token."""
+    from tests.test_quantized_targets import _assert_decodes_as_generate
+
+    model = quantize_target(make_tiny_model("qwen2").to(torch.bfloat16), "int4")
+    assert model.config._attn_implementation == ROWS_ATTENTION
+    assert "attention on hf-spec's row kernel" in quantization_report(model)
+    _assert_decodes_as_generate(model, spec, new=40)
