@@ -188,6 +188,16 @@ PyObject* run_gemm_gq(PyObject* args, bool int8_x) {
   });
 }
 
+// a . b over 8 lanes, then the lanes in pairs (a fixed order: the same bits for a row alone or among others)
+inline float dot8(const float* a, const float* b, int64_t n) {
+  float lanes[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  int64_t d = 0;
+  for (; d + 8 <= n; d += 8)
+    for (int j = 0; j < 8; ++j) lanes[j] += a[d + j] * b[d + j];
+  for (; d < n; ++d) lanes[d % 8] += a[d] * b[d];
+  return ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+}
+
 // (x_ptr, w_ptr, y_ptr, rows, H, eps, bf16): y = w * to_dtype(x * rsqrt(mean(x^2) + eps)) row by row, the
 // RMSNorm of Llama-family models (transformers' `LlamaRMSNorm.forward`) in one call: x, w and y all bfloat16 (`bf16`)
 // or all float32; the mean of squares is summed in float32 over 8 lanes, then the lanes in pairs
@@ -208,12 +218,7 @@ PyObject* py_rms_norm(PyObject*, PyObject* args) {
         for (int64_t i = 0; i < H; ++i)
           xf[i] = bf16 ? bf16_to_f32(reinterpret_cast<const uint16_t*>(p[0])[r * H + i])
                        : reinterpret_cast<const float*>(p[0])[r * H + i];
-        float lanes[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        int64_t i = 0;
-        for (; i + 8 <= H; i += 8)
-          for (int l = 0; l < 8; ++l) lanes[l] += xf[i + l] * xf[i + l];
-        for (; i < H; ++i) lanes[i % 8] += xf[i] * xf[i];
-        const float sum = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+        const float sum = dot8(xf.data(), xf.data(), H);
         const float inv = 1.f / std::sqrt(sum / static_cast<float>(H) + static_cast<float>(eps));
         if (bf16) {
           const auto* w = reinterpret_cast<const uint16_t*>(p[1]);
@@ -240,16 +245,6 @@ inline float load_at(const void* base, int64_t at) {
 template <bool BF16>
 inline void widen_row(const void* base, int64_t at, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = load_at<BF16>(base, at + i);
-}
-
-// q . k over 8 lanes, then the lanes in pairs (a fixed order: the same bits for a row alone or among others)
-inline float dot8(const float* a, const float* b, int64_t n) {
-  float lanes[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  int64_t d = 0;
-  for (; d + 8 <= n; d += 8)
-    for (int j = 0; j < 8; ++j) lanes[j] += a[d + j] * b[d + j];
-  for (; d < n; ++d) lanes[d % 8] += a[d] * b[d];
-  return ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
 }
 
 // the same sum with AVX2: 8 lanes as one register, fused multiply-adds
