@@ -13,6 +13,7 @@
 // (q of run 2p codes 0-15, run 2p + 1 codes 0-15, run 2p codes 16-31, run 2p + 1 codes 16-31), natural order
 // for an odd last run and for int8 (I8) weights.
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -21,8 +22,8 @@
 namespace hf_spec {
 namespace {
 
-constexpr int NR_Q8 = 4;  // rows of w per tile
-constexpr int MR_Q8 = 2;  // rows of x per tile: 4 x 2 accumulators (+ 4 x 2 for mins) fit the 16 ymm registers
+constexpr int NR_Q8 = 2;  // rows of w per tile
+constexpr int MR_Q8 = 4;  // rows of x per tile: 2 x 4 accumulators; a row of w is unpacked once for 4 rows of x
 constexpr int RUN_Q8 = 32;
 
 // the rows of x quantized: q [M, K] (int8, in the order above), d [M, K / 32] (fp32) and, where w has mins,
@@ -30,6 +31,7 @@ constexpr int RUN_Q8 = 32;
 struct QuantizedRows {
   std::vector<int8_t> q;
   std::vector<float> d;
+  std::vector<float> dpair;  // packed weights: [M, K / 64, 8], lanes 0-3 d of run 2p, lanes 4-7 d of run 2p + 1
   std::vector<float> gsum;
   std::vector<int32_t> half_group;  // [K / 16]: the group of inputs 16h..16h + 15 (no division in the tiles)
   std::vector<int32_t> half_sum;    // [K / 16]: one row's sum of the codes of inputs 16h..16h + 15
@@ -103,6 +105,7 @@ void quantize_rows(const float* x, const GroupQuantWeight& w, int64_t M, int64_t
   out.groups = K / w.group;
   out.q.resize(M * K);
   out.d.resize(M * out.runs);
+  out.dpair.resize(paired ? M * (out.runs / 2) * 8 : 0);
   out.gsum.assign(w.min ? M * out.groups : 0, 0.f);
   if (static_cast<int64_t>(out.half_group.size()) != K / 16 || out.group != w.group) {  // else the last call's
     out.half_group.resize(K / 16);
@@ -123,6 +126,11 @@ void quantize_rows(const float* x, const GroupQuantWeight& w, int64_t M, int64_t
         hi = 32;
       }
       dm[r] = (simd ? quantize_run_avx2 : quantize_run)(xm + r * RUN_Q8, base, hi, halves.data() + 2 * r);
+    }
+    if (paired) {  // the scales of a pair of runs as one vector's halves, read by the tiles with their products
+      float* pm = out.dpair.data() + m * (out.runs / 2) * 8;
+      for (int64_t p = 0; p < out.runs / 2; ++p)
+        for (int l = 0; l < 8; ++l) pm[8 * p + l] = dm[2 * p + l / 4];
     }
     if (w.min) {  // sum of x' over each group, half runs in the order of the inputs (a group of 16 is half a run)
       float* gm = out.gsum.data() + m * out.groups;
@@ -170,6 +178,26 @@ void rows_scalar_q8(const QuantizedRows& xq, const GroupQuantWeight& w, const fl
 }
 
 // ---------------------------------------------------------------------------------------------- AVX2
+
+// bit 4 of the codes of runs 2p and 2p + 1 of a U5 row, from their two 32-bit words of high bits (`pair`: run 2p's
+// word then run 2p + 1's, adjacent in memory): 0x10 in each byte whose code has it, in the paired order of the low
+// nibbles (`lo`: codes 0-15 of both runs) and of the high nibbles (`hi`: codes 16-31 of both)
+HF_AVX2 inline void bit4_of_pair(const uint32_t* pair, __m256i& lo, __m256i& hi) {
+  long long both;
+  std::memcpy(&both, pair, sizeof both);
+  const __m256i v = _mm256_set1_epi64x(both);  // bytes 0-3: run 2p's bits, 4-7: run 2p + 1's, in each 64-bit lane
+  // byte j of a 128-bit lane copies the byte of `v` holding its bit: lo takes bytes 0, 1 (run 2p, codes 0-15) then
+  // 4, 5 (run 2p + 1); hi bytes 2, 3 then 6, 7 (codes 16-31)
+  const __m256i lo_src = _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0404040404040404LL, 0x0505050505050505LL);
+  const __m256i hi_src = _mm256_setr_epi64x(0x0202020202020202LL, 0x0303030303030303LL, 0x0606060606060606LL,
+                                            0x0707070707070707LL);
+  const __m256i lane_bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
+  const __m256i b4 = _mm256_set1_epi8(0x10);
+  const __m256i l = _mm256_and_si256(_mm256_shuffle_epi8(v, lo_src), lane_bit);
+  const __m256i h = _mm256_and_si256(_mm256_shuffle_epi8(v, hi_src), lane_bit);
+  lo = _mm256_and_si256(_mm256_cmpeq_epi8(l, lane_bit), b4);
+  hi = _mm256_and_si256(_mm256_cmpeq_epi8(h, lane_bit), b4);
+}
 
 // 0x10 in byte i where bit i of `bits` is set
 HF_AVX2 inline __m256i bit4_of_bits(uint32_t bits) {
@@ -225,21 +253,21 @@ HF_AVX2 void tile_q8_avx2(const QuantizedRows& xq, const GroupQuantWeight& w, co
     }
   } else {
     const int64_t pairs = runs / 2;
+    const float* dpair = xq.dpair.data() + m * pairs * 8;
     for (int64_t p = 0; p < pairs; ++p) {
       const int64_t k = p * 64, off = p * 32;
       if ((off & 63) == 0)
         for (int i = 0; i < npf; ++i)
           _mm_prefetch(reinterpret_cast<const char*>(codes + (NRT + i) * row_bytes + off), _MM_HINT_T1);
-      __m256 dp[MR];
-      for (int j = 0; j < MR; ++j) dp[j] = halves(d[j * runs + 2 * p], d[j * runs + 2 * p + 1]);
       for (int i = 0; i < NRT; ++i) {
         const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i * row_bytes + off));
         __m256i lo = _mm256_and_si256(raw, low4);                         // codes 0-15 of runs 2p, 2p + 1
         __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);  // codes 16-31 of both
         if (LAYOUT == kCodesU5) {
-          const uint32_t h0 = high[i * runs + 2 * p], h1 = high[i * runs + 2 * p + 1];
-          lo = _mm256_or_si256(lo, bit4_of_bits((h0 & 0xFFFFu) | (h1 << 16)));
-          hi = _mm256_or_si256(hi, bit4_of_bits((h0 >> 16) | (h1 & 0xFFFF0000u)));
+          __m256i lo4, hi4;
+          bit4_of_pair(high + i * runs + 2 * p, lo4, hi4);
+          lo = _mm256_or_si256(lo, lo4);
+          hi = _mm256_or_si256(hi, hi4);
         }
         const __m256 s = halves(scale[i * groups + hg[k / 16]], scale[i * groups + hg[k / 16 + 2]]);
         for (int j = 0; j < MR; ++j) {
@@ -248,7 +276,8 @@ HF_AVX2 void tile_q8_avx2(const QuantizedRows& xq, const GroupQuantWeight& w, co
           // 4 products of codes <= 31 and |q| <= 127 a lane: no int16 saturation
           const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, qa), _mm256_maddubs_epi16(hi, qb));
           const __m256i sums = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
-          acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(s, dp[j]), acc[i][j]);
+          const __m256 dp = _mm256_loadu_ps(dpair + j * pairs * 8 + 8 * p);
+          acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(s, dp), acc[i][j]);
         }
       }
     }
@@ -289,8 +318,9 @@ HF_AVX2 void tile_q8_avx2(const QuantizedRows& xq, const GroupQuantWeight& w, co
 using TileQ8Fn = void (*)(const QuantizedRows&, const GroupQuantWeight&, const float*, float*, int64_t, int64_t,
                           int64_t, int64_t, int);
 
-#define HF_Q8_ROW(L, NRT) {tile_q8_avx2<L, NRT, 1>, tile_q8_avx2<L, NRT, 2>}
-#define HF_Q8_TABLE(L) {HF_Q8_ROW(L, 1), HF_Q8_ROW(L, 2), HF_Q8_ROW(L, 3), HF_Q8_ROW(L, 4)}
+#define HF_Q8_ROW(L, NRT) \
+  {tile_q8_avx2<L, NRT, 1>, tile_q8_avx2<L, NRT, 2>, tile_q8_avx2<L, NRT, 3>, tile_q8_avx2<L, NRT, 4>}
+#define HF_Q8_TABLE(L) {HF_Q8_ROW(L, 1), HF_Q8_ROW(L, 2)}
 
 static const TileQ8Fn kQ8[3][NR_Q8][MR_Q8] = {HF_Q8_TABLE(kCodesI8), HF_Q8_TABLE(kCodesU4), HF_Q8_TABLE(kCodesU5)};
 
