@@ -1,0 +1,53 @@
+"""The Qwen GGUF target's decoding step (static cache, bfloat16, 2 threads) eager and under `torch.compile`
+(inductor, static shapes), alternated 6 times in one process after the compile: whether compiling removes the
+Python and dispatch cost around hf-spec's kernels.
+
+    python lab/quantized_cpu/compiled_step_ab.py
+"""
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from transformers import StaticCache  # noqa: E402
+
+from hf_spec.models.fetch import load_model  # noqa: E402
+
+torch.set_num_threads(2)
+torch.set_grad_enabled(False)
+model, tok = load_model("qwen2.5-coder-0.5b-instruct", dtype=torch.bfloat16, quantize="gguf")
+ids = tok("Write a Python function that reverses a string.", return_tensors="pt").input_ids
+length = ids.shape[1]
+cache = StaticCache(config=model.config, max_cache_len=256)
+
+
+def forward(tokens, positions):
+    return model(tokens, past_key_values=cache, cache_position=positions, use_cache=True).logits
+
+
+compiled = torch.compile(forward, dynamic=False)
+
+
+def step_ms(fn, steps: int = 20) -> float:
+    cache.reset()
+    nxt = fn(ids, torch.arange(length)).argmax(-1)[:, -1:]
+    t0 = time.perf_counter()
+    for i in range(steps):
+        nxt = fn(nxt, torch.tensor([length + i])).argmax(-1)[:, -1:]
+    return 1e3 * (time.perf_counter() - t0) / steps
+
+
+t0 = time.perf_counter()
+step_ms(compiled, 2)
+print(f"compile (prefill and decoding graphs): {time.perf_counter() - t0:.0f} s", flush=True)
+res = {"eager": [], "compiled": []}
+for r in range(6):
+    sides = (("eager", forward), ("compiled", compiled))
+    for name, fn in sides if r % 2 == 0 else sides[::-1]:
+        res[name].append(step_ms(fn))
+    print({k: round(v[-1], 1) for k, v in res.items()}, flush=True)
+print("median ms:", {k: round(statistics.median(v), 1) for k, v in res.items()})
