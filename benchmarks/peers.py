@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -405,6 +406,49 @@ def check_line(check: dict) -> str:
     )  # fmt: skip
 
 
+PLAIN_ENGINES = ("ar", "ar-kernels", "ar+compiled")  # hf-spec's engines that decode without drafting
+
+
+def versus_llama_cpp(results: dict) -> str | None:
+    """One sentence where the run has llama.cpp: the fastest plain engine of the transformers target (`ar`,
+    `ar-kernels`, `ar+compiled`) against llama.cpp's plain decoding, and the fastest transformers / hf-spec engine
+    against llama.cpp's faster engine (plain or prompt lookup) prompt by prompt, each
+    the geometric mean over the prompts of the per-prompt ratio of tokens/s (one engine for all prompts, not the
+    best per prompt). None without llama.cpp."""
+    if "llama.cpp" not in results["engines"]:
+        return None
+    ours = [e for e in results["engines"] if e not in VLLM_ENGINES + LLAMA_ENGINES]
+    rows: dict[tuple, dict[str, float]] = {}
+    for r in results["runs"]:
+        rows.setdefault((r["question_id"], r.get("turn", 0)), {})[r["method"]] = r["tokens_per_s"]
+    complete = [row for row in rows.values() if all(e in row for e in ours) and "llama.cpp" in row]
+    if not complete or not ours:
+        return None
+
+    def geomean(ratios: list[float]) -> float:
+        return math.exp(sum(math.log(v) for v in ratios) / len(ratios))
+
+    def best_of_llama(row: dict[str, float]) -> float:
+        return max(row[e] for e in LLAMA_ENGINES if e in row)
+
+    versus_plain = {e: geomean([row[e] / row["llama.cpp"] for row in complete]) for e in ours}
+    versus_best = {e: geomean([row[e] / best_of_llama(row) for row in complete]) for e in ours}
+    label = results.get("labels", {})
+    plain = [e for e in ours if e in PLAIN_ENGINES]
+    best = max(versus_best, key=versus_best.get)
+    parts = []
+    if plain:
+        fastest = max(plain, key=versus_plain.get)
+        parts.append(f"the transformers target's plain decoding (`{label.get(fastest, fastest)}`) made "
+                     f"{versus_plain[fastest]:.2f}x llama.cpp's plain decoding")  # fmt: skip
+    parts.append(f"the fastest transformers / hf-spec engine (`{label.get(best, best)}`) {versus_best[best]:.2f}x "
+                 "the faster llama.cpp engine on each prompt")  # fmt: skip
+    return (
+        f"Against llama.cpp, prompt by prompt ({len(complete)} prompts; geometric means of per-prompt tokens/s "
+        f"ratios): {'; '.join(parts)}."
+    )
+
+
 def fmt(value, pattern: str = "{:.2f}") -> str:
     return "-" if value is None or value != value else pattern.format(value)
 
@@ -430,6 +474,9 @@ def markdown(results: dict) -> str:
         ]) + " |")  # fmt: skip
     for engine, why in results["left_out"].items():
         lines.append(f"| `{engine}` | not run: {why} | | | | | | |")
+    versus = versus_llama_cpp(results)
+    if versus:
+        lines += ["", versus]
     check = results.get("eagle3_check")
     if check and check.get("ran"):
         lines += ["", check_line(check)]

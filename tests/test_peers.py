@@ -108,6 +108,25 @@ def test_eagle3_check_flags_acceptance_outside_the_tolerance():
     assert peers.eagle3_check({"runs": runs[1::2]}, "e3", 0.10)["ran"] is False
 
 
+def test_versus_llama_cpp_takes_one_engine_over_all_prompts():
+    speeds = {  # tokens/s by prompt: ar is steady, pld wins one prompt only, llama.cpp-pld wins prompt b
+        "a": {"ar": 8.0, "pld": 4.0, "llama.cpp": 16.0, "llama.cpp-pld": 8.0},
+        "b": {"ar": 8.0, "pld": 32.0, "llama.cpp": 8.0, "llama.cpp-pld": 16.0},
+    }
+    runs = [
+        {"method": m, "question_id": q, "tokens_per_s": v}
+        for q, row in speeds.items()
+        for m, v in row.items()
+    ]
+    results = {"engines": ["ar", "pld", "llama.cpp", "llama.cpp-pld"], "runs": runs}
+    line = peers.versus_llama_cpp(results)
+    # ar: 8/16 and 8/8 against plain llama.cpp -> sqrt(0.5) = 0.71; against the faster of the two per prompt,
+    # 8/16 and 8/16 -> 0.50; pld: 4/16 and 32/16 -> sqrt(0.5) = 0.71 (the fastest engine by geometric mean)
+    assert "plain decoding (`ar`) made 0.71x" in line, line
+    assert "hf-spec engine (`pld`) 0.71x" in line and "(2 prompts;" in line
+    assert peers.versus_llama_cpp({"engines": ["ar", "pld"], "runs": runs}) is None
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(
     not VLLM_PYTHON.exists(),
