@@ -235,6 +235,37 @@ def test_custom_op_traces_without_graph_breaks():
     assert not torch.equal(q8(x), plain(x))  # the inputs were rounded
 
 
+def test_the_operator_gives_group_linear_on_every_path(monkeypatch):
+    _kernel_or_skip()
+    weight = _with_int8_activations(_weights(8, 64)["u5-min"])
+    bias = torch.randn(8).to(torch.bfloat16)
+
+    def op(x, b):
+        return torch.ops.hf_spec.group_quant_linear(
+            x,
+            weight.codes,
+            weight.scale,
+            weight.min,
+            weight.high,
+            b,
+            int(weight.layout),
+            weight.group_size,
+            True,
+        )
+
+    x = torch.randn(3, 64).to(torch.bfloat16)
+    expected = {id(b): gq.group_linear(x, weight, b) for b in (None, bias)}
+    with monkeypatch.context() as m:  # the kernel straight away: no weight is built for the call
+        m.setattr(gq.GroupQuantWeight, "unchecked", None)
+        for b in (None, bias):  # a bfloat16 bias is added in float32
+            assert torch.equal(op(x, b), expected[id(b)])
+    wide = torch.randn(3, 128).to(torch.bfloat16)[
+        :, ::2
+    ]  # not contiguous, float16, and no row: the slow path
+    for other in (wide, x.half(), x[:0]):
+        assert torch.equal(op(other, bias), gq.group_linear(other, weight, bias))
+
+
 def test_group_quant_weight_checks_its_tensors():
     with pytest.raises(ValueError, match="group size"):
         GroupQuantWeight.from_codes(torch.zeros(2, 64), torch.ones(2, 1), None, CodeLayout.U4, 48)

@@ -357,10 +357,58 @@ def _group_quant_linear(
 ) -> torch.Tensor:
     """`group_linear` as a torch op: x `(..., in_features)`, the weight's tensors as `GroupQuantWeight` holds them;
     returns `(..., out_features)` in x's dtype."""
+    y = _kernel_call(x, codes, scale, min, high, bias, layout, group_size, int8_activations)
+    if (
+        y is not None
+    ):  # the common case, straight to the kernel (a compiled decoding step calls this once a linear)
+        return y
     weight = GroupQuantWeight.unchecked(
         codes, scale, min, high, CodeLayout(layout), group_size, x.shape[-1], int8_activations
     )
     return group_linear(x, weight, bias)
+
+
+def _kernel_call(
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    scale: torch.Tensor,
+    min: torch.Tensor | None,
+    high: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    layout: int,
+    group_size: int,
+    int8_activations: bool,
+) -> torch.Tensor | None:
+    """`kernel_group_linear` on the weight's tensors as given, without building a `GroupQuantWeight` and its plan
+    for the call; None where the kernel does not take x, for the caller's slower path."""
+    k = x.shape[-1] if x.dim() else 0
+    if (
+        x.dtype not in _KERNEL_DTYPES
+        or not x.is_cpu
+        or k == 0
+        or x.numel() == 0
+        or not x.is_contiguous()
+        or (x.requires_grad and torch.is_grad_enabled())
+        or (int8_activations and k % ACTIVATION_RUN)
+    ):
+        return None
+    n = scale.shape[0]
+    if bias is not None:
+        if bias.shape != (n,):
+            return None
+        if bias.dtype is not torch.float32 or not bias.is_contiguous():
+            bias = bias.float().contiguous()  # added in float32, as `group_linear` adds it
+    mod = _kernel_for(ISA_AUTO)
+    if mod is None:
+        return None
+    y = x.new_empty((*x.shape[:-1], n))
+    bf16 = x.dtype is torch.bfloat16
+    (mod.gemm_gq_q8 if int8_activations else mod.gemm_gq)(
+        x.data_ptr(), codes.data_ptr(), 0 if high is None else high.data_ptr(), scale.data_ptr(),
+        0 if min is None else min.data_ptr(), 0 if bias is None else bias.data_ptr(), y.data_ptr(),
+        x.numel() // k, n, k, layout, group_size, ISA_AUTO, bf16, bf16,
+    )  # fmt: skip
+    return y
 
 
 def _group_quant_linear_fake(x, codes, scale, min, high, bias, layout, group_size, int8_activations=False):

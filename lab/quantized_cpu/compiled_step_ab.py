@@ -1,6 +1,7 @@
 """The Qwen GGUF target's decoding step (static cache, bfloat16, 2 threads) eager and under `torch.compile`
 (inductor, static shapes), alternated 6 times in one process after the compile: whether compiling removes the
-Python and dispatch cost around hf-spec's kernels.
+Python and dispatch cost around hf-spec's kernels. A third side runs the compiled step with the quantized-linear
+operator's general path (a `GroupQuantWeight` built for each call) instead of its direct kernel call.
 
     python lab/quantized_cpu/compiled_step_ab.py
 """
@@ -15,6 +16,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from transformers import StaticCache  # noqa: E402
 
+from hf_spec.kernels import group_quant  # noqa: E402
 from hf_spec.models.fetch import load_model  # noqa: E402
 
 torch.set_num_threads(2)
@@ -44,9 +46,20 @@ def step_ms(fn, steps: int = 20) -> float:
 t0 = time.perf_counter()
 step_ms(compiled, 2)
 print(f"compile (prefill and decoding graphs): {time.perf_counter() - t0:.0f} s", flush=True)
-res = {"eager": [], "compiled": []}
+direct_call = group_quant._kernel_call
+
+
+def general_path(tokens, positions):
+    group_quant._kernel_call = lambda *args: None
+    try:
+        return compiled(tokens, positions)
+    finally:
+        group_quant._kernel_call = direct_call
+
+
+res = {"eager": [], "compiled": [], "compiled, general operator path": []}
 for r in range(6):
-    sides = (("eager", forward), ("compiled", compiled))
+    sides = (("eager", forward), ("compiled", compiled), ("compiled, general operator path", general_path))
     for name, fn in sides if r % 2 == 0 else sides[::-1]:
         res[name].append(step_ms(fn))
     print({k: round(v[-1], 1) for k, v in res.items()}, flush=True)
