@@ -357,10 +357,9 @@ def _group_quant_linear(
 ) -> torch.Tensor:
     """`group_linear` as a torch op: x `(..., in_features)`, the weight's tensors as `GroupQuantWeight` holds them;
     returns `(..., out_features)` in x's dtype."""
+    # the common case straight to the kernel (a compiled decoding step calls this once a linear)
     y = _kernel_call(x, codes, scale, min, high, bias, layout, group_size, int8_activations)
-    if (
-        y is not None
-    ):  # the common case, straight to the kernel (a compiled decoding step calls this once a linear)
+    if y is not None:
         return y
     weight = GroupQuantWeight.unchecked(
         codes, scale, min, high, CodeLayout(layout), group_size, x.shape[-1], int8_activations
