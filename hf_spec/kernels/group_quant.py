@@ -285,27 +285,41 @@ def kernel_group_linear(
     rows beside it. A decoding step calls this once a linear, so it checks no more than the kernel's reads need."""
     plan = weight.kernel_plan()
     k, n = plan[5], plan[4]
-    if (
-        x.dtype not in _KERNEL_DTYPES
-        or not x.is_cpu
-        or x.dim() == 0
-        or x.shape[-1] != k
-        or not x.is_contiguous()
-    ):
-        return None
-    rows = x.numel() // k
-    if rows < 1 or (x.requires_grad and torch.is_grad_enabled()):
+    if not _takes(x) or x.shape[-1] != k:
         return None
     if bias is not None and (bias.dtype != torch.float32 or bias.shape != (n,) or not bias.is_contiguous()):
         return None
     mod = _kernel_for(isa)
     if mod is None:
         return None
+    return _launch(mod, x, plan[:4], n, plan[6], plan[7], plan[8], bias, isa)
+
+
+def _takes(x: torch.Tensor) -> bool:
+    """Whether the kernel reads x itself: float32 or bfloat16, contiguous, on the CPU, at least one row, no
+    autograd."""
+    return (
+        x.dtype in _KERNEL_DTYPES
+        and x.is_cpu
+        and x.dim() > 0
+        and x.numel() > 0
+        and x.is_contiguous()
+        and not (x.requires_grad and torch.is_grad_enabled())
+    )
+
+
+def _launch(
+    mod, x: torch.Tensor, ptrs: tuple, n: int, layout: int, group_size: int, int8_activations: bool,
+    bias: torch.Tensor | None, isa: int,
+) -> torch.Tensor:  # fmt: skip
+    """One kernel call: x `(..., K)` as `_takes` allows, the weight's `(codes, high, scale, min)` addresses (0 for
+    none), float32 bias `(n,)` or None -> `(..., n)` in x's dtype."""
+    k = x.shape[-1]
     y = x.new_empty((*x.shape[:-1], n))
     bf16 = x.dtype is torch.bfloat16
-    (mod.gemm_gq_q8 if plan[8] else mod.gemm_gq)(
-        x.data_ptr(), plan[0], plan[1], plan[2], plan[3], 0 if bias is None else bias.data_ptr(), y.data_ptr(),
-        rows, n, k, plan[6], plan[7], isa, bf16, bf16,
+    (mod.gemm_gq_q8 if int8_activations else mod.gemm_gq)(
+        x.data_ptr(), *ptrs, 0 if bias is None else bias.data_ptr(), y.data_ptr(), x.numel() // k, n, k, layout,
+        group_size, isa, bf16, bf16,
     )  # fmt: skip
     return y
 
@@ -380,16 +394,7 @@ def _kernel_call(
 ) -> torch.Tensor | None:
     """`kernel_group_linear` on the weight's tensors as given, without building a `GroupQuantWeight` and its plan
     for the call; None where the kernel does not take x, for the caller's slower path."""
-    k = x.shape[-1] if x.dim() else 0
-    if (
-        x.dtype not in _KERNEL_DTYPES
-        or not x.is_cpu
-        or k == 0
-        or x.numel() == 0
-        or not x.is_contiguous()
-        or (x.requires_grad and torch.is_grad_enabled())
-        or (int8_activations and k % ACTIVATION_RUN)
-    ):
+    if not _takes(x) or (int8_activations and x.shape[-1] % ACTIVATION_RUN):
         return None
     n = scale.shape[0]
     if bias is not None:
@@ -400,14 +405,8 @@ def _kernel_call(
     mod = _kernel_for(ISA_AUTO)
     if mod is None:
         return None
-    y = x.new_empty((*x.shape[:-1], n))
-    bf16 = x.dtype is torch.bfloat16
-    (mod.gemm_gq_q8 if int8_activations else mod.gemm_gq)(
-        x.data_ptr(), codes.data_ptr(), 0 if high is None else high.data_ptr(), scale.data_ptr(),
-        0 if min is None else min.data_ptr(), 0 if bias is None else bias.data_ptr(), y.data_ptr(),
-        x.numel() // k, n, k, layout, group_size, ISA_AUTO, bf16, bf16,
-    )  # fmt: skip
-    return y
+    ptrs = tuple(0 if t is None else t.data_ptr() for t in (codes, high, scale, min))
+    return _launch(mod, x, ptrs, n, layout, group_size, int8_activations, bias, ISA_AUTO)
 
 
 def _group_quant_linear_fake(x, codes, scale, min, high, bias, layout, group_size, int8_activations=False):
