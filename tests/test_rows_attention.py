@@ -36,7 +36,9 @@ def _inputs(dtype: torch.dtype, rows: int = 5, keys: int = 77, dim: int = 64, se
     )  # (1, heads, rows, dim), as a layer
     k = torch.randn(1, 2, keys, dim, generator=g).to(dtype)
     v = torch.randn(1, 2, keys, dim, generator=g).to(dtype)
-    mask = torch.zeros(1, 1, rows, keys, dtype=dtype).masked_fill(~_causal(rows, keys), float("-inf"))
+    # a verification's mask: the rows are the last `rows` positions of the keys
+    sees = torch.ones(rows, keys, dtype=torch.bool).tril(keys - rows)
+    mask = torch.zeros(1, 1, rows, keys, dtype=dtype).masked_fill(~sees, float("-inf"))
     return q, k, v, mask
 
 
@@ -57,7 +59,11 @@ def test_masks_boolean_none_and_fully_masked_rows(kernel):
     q, k, v, mask = _inputs(torch.float32)
     ref = rows_attention_forward(_module(), q, k, v, mask, scaling=0.125)[0]
     assert torch.equal(rows_attention_forward(_module(), q, k, v, mask == 0, scaling=0.125)[0], ref)
-    assert torch.equal(rows_attention_forward(_module(), q, k, v, None, scaling=0.125)[0], ref)  # causal
+    _, k5, v5, mask5 = _inputs(torch.float32, keys=5)  # as many keys as rows: both alignments of causal agree
+    assert torch.equal(
+        rows_attention_forward(_module(), q, k5, v5, None, scaling=0.125)[0],
+        rows_attention_forward(_module(), q, k5, v5, mask5, scaling=0.125)[0],
+    )
     every = torch.zeros_like(mask)
     assert torch.equal(
         rows_attention_forward(_module(), q, k, v, None, scaling=0.125, is_causal=False)[0],
@@ -68,6 +74,35 @@ def test_masks_boolean_none_and_fully_masked_rows(kernel):
     out = rows_attention_forward(_module(), q, k, v, blocked, scaling=0.125)[0]
     assert torch.equal(out[:, 2], torch.zeros_like(out[:, 2])) and torch.isfinite(out).all()
     assert torch.equal(out[:, :2], ref[:, :2])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_no_mask_means_what_sdpa_is_causal_means(kernel, dtype):
+    """With no mask, several rows and more keys than rows (transformers' prefill into an empty static cache), row r
+    sees keys 0..r, as `sdpa`'s `is_causal`, not the last keys."""
+    q, k, v, _ = _inputs(dtype, rows=5, keys=40)
+    got = rows_attention_forward(_module(), q, k, v, None, scaling=0.125)[0]
+    want = sdpa_attention_forward(_module(), q, k, v, None, scaling=0.125)[0]
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype is torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(got, want, **tol)
+    first = torch.zeros(1, 1, 5, 40, dtype=dtype).masked_fill(~_causal(5, 40), float("-inf"))
+    assert torch.equal(got, rows_attention_forward(_module(), q, k, v, first, scaling=0.125)[0])
+
+
+def test_static_cache_prefill_and_generate_equal_the_dynamic_cache(kernel):
+    """A quantized target's prefill into a static cache (no mask from transformers, unwritten slots past the
+    prompt) gives the logits of a dynamic cache, and `generate` with a static cache the same tokens."""
+    from transformers import DynamicCache, StaticCache
+
+    model = quantize_target(make_tiny_model("qwen2").to(torch.bfloat16), "int4")
+    ids = torch.randint(3, model.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        dynamic = model(ids, past_key_values=DynamicCache(config=model.config)).logits
+        static = model(ids, past_key_values=StaticCache(config=model.config, max_cache_len=48)).logits
+    assert torch.equal(static, dynamic)
+    kwargs = dict(attention_mask=torch.ones_like(ids), max_new_tokens=20, min_new_tokens=20, do_sample=False)
+    want = model.generate(ids, **kwargs)
+    assert torch.equal(model.generate(ids, cache_implementation="static", **kwargs), want)
 
 
 def test_what_the_kernel_does_not_take_goes_to_sdpa(kernel, monkeypatch):

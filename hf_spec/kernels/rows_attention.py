@@ -11,8 +11,8 @@ and hf-spec's grouped attention (`hf_spec.kernels.grouped_attention`) do not pro
 `quantize_target` sets it (`ROWS_ATTENTION`, registered with transformers' `AttentionInterface`).
 
 It takes batch 1 and 1..`MAX_QUERY_ROWS` rows on CPU, float32 or bfloat16, a 4D additive or boolean mask, or none
-(one row: every key; more rows: causal, as `sdpa` reads it). Anything else (prefill of longer prompts, batches,
-dropout, soft-capping, sinks, autograd) goes to transformers' `sdpa_attention_forward`.
+(one row: every key; more rows: causal, aligned top left as `sdpa` reads `is_causal`). Anything else (prefill of
+longer prompts, batches, dropout, soft-capping, sinks, autograd) goes to transformers' `sdpa_attention_forward`.
 """
 
 from __future__ import annotations
@@ -33,8 +33,10 @@ _DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _causal(rows: int, keys: int) -> torch.Tensor:
-    """`(rows, keys)` bool: row r sees keys up to `keys - rows + r` (the rows are the last `rows` positions)."""
-    return torch.ones(rows, keys, dtype=torch.bool).tril(keys - rows)
+    """`(rows, keys)` bool: row r sees keys 0..r, the mask `sdpa`'s `is_causal` means (aligned top left). transformers
+    passes no mask with several rows only where that is the right one: as many keys as rows, or a prefill into an
+    empty static cache (the keys past the prompt are the cache's unwritten slots)."""
+    return torch.ones(rows, keys, dtype=torch.bool).tril()
 
 
 def _rows_attention(
