@@ -201,8 +201,9 @@ def run(args: argparse.Namespace) -> dict:
     common = dict(threads=args.threads, dtype=args.dtype)
     print(f"engine logs: {logs}", flush=True)
     try:
+        longest = max(len(ids) for ids in encoded) + args.max_new_tokens
         hf = Worker(sys.executable, "hf", methods, logs / "hf.log", target=str(folder), quantize=args.quantize,
-                    **common)  # fmt: skip
+                    max_cache_len=longest, **common)  # fmt: skip
         workers |= {m: hf for m in methods}
         vllm_engines = [e for e in args.engines if e in VLLM_ENGINES]
         if vllm_engines and not args.vllm_python:

@@ -39,6 +39,10 @@ def hf_engines(args: argparse.Namespace) -> tuple[dict, dict]:
     model, tokenizer = load_model(args.target, dtype=getattr(torch, args.dtype), quantize=args.quantize)
     counter = ForwardCounter(model)
     methods = {name: Method(name, model, tokenizer, 8) for name in args.engines}
+    # compiled engines: one static cache size, so the warm-up's compile serves every prompt
+    if args.max_cache_len:
+        for method in methods.values():
+            method.fix_cache_length(args.max_cache_len)
     eos = model.generation_config.eos_token_id or tokenizer.eos_token_id  # every id `generate` stops at
 
     def make(method: Method):
@@ -176,6 +180,12 @@ def main() -> int:
     p.add_argument("--draft", default=None, help="vllm-eagle3: the exported head folder")
     p.add_argument("--num-speculative-tokens", type=int, default=3)
     p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument(
+        "--max-cache-len",
+        type=int,
+        default=None,
+        help="hf: the static cache of compiled engines, in tokens (the longest prompt and its new tokens)",
+    )
     args = p.parse_args()
     args.engines = json.loads(args.engines)
     answers = os.fdopen(os.dup(1), "w", buffering=1)

@@ -218,3 +218,16 @@ def test_bench_compiled_rows_beside_eager_ones(prompt_file, tmp_path, monkeypatc
     assert all(r["stats"]["compiled_rounds"] == r["stats"]["target_forwards"] for r in compiled_runs)
     with pytest.raises(ValueError, match="cannot run compiled"):
         runner.Method("hf-pld+compiled", None, None, 8)
+
+
+def test_compiled_methods_keep_one_cache_length():
+    """`fix_cache_length` gives a compiled method one static cache size for every call (one compile serves every
+    prompt); an eager method keeps transformers' default cache."""
+    from hf_spec.bench import runner
+
+    compiled, eager = runner.Method("ar+compiled", None, None, 8), runner.Method("ar", None, None, 8)
+    for method in (compiled, eager):
+        method.fix_cache_length(300)
+    assert compiled.kwargs["max_cache_len"] == 300
+    assert compiled.kwargs["cache_implementation"] == "static"
+    assert "max_cache_len" not in eager.kwargs
