@@ -310,7 +310,7 @@ def export_eagle3(head: str, out: Path) -> str:
 def eos_masked(method: str) -> bool:
     """Rows of transformers' own loop asked for exactly as many tokens as `ar` made (`min_new_tokens`): it masks the
     end-of-sequence token until then, so where `ar` ended with it such a row must pick another token."""
-    return method in ("hf-pld", "ar-kernels") or method.startswith("hf-early-exit")
+    return method in ("hf-pld", "ar-kernels", "ar+compiled") or method.startswith("hf-early-exit")
 
 
 def same_tokens(method: str, ref: list[int], got: list[int], eos: int | list[int] | None) -> bool:

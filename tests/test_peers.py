@@ -66,6 +66,8 @@ def test_rows_asked_past_the_end_of_sequence_compare_up_to_it():
     ref, eos = [5, 6, 7, 2], [2, 9]
     assert peers.same_tokens("hf-pld", ref, [5, 6, 7, 4], eos)
     assert peers.same_tokens("ar-kernels", ref, [5, 6, 7, 4], 2)
+    assert peers.same_tokens("ar+compiled", ref, [5, 6, 7, 4], 2)  # transformers' compiled loop masks EOS too
+    assert not peers.same_tokens("pld+compiled", ref, [5, 6, 7, 4], 2)  # hf-spec's loop stops at EOS itself
     assert not peers.same_tokens("pld", ref, [5, 6, 7, 4], eos)
     assert not peers.same_tokens("hf-pld", ref, [5, 6, 8, 4], eos)
     assert not peers.same_tokens("hf-pld", [5, 6, 7, 3], [5, 6, 7, 4], eos)

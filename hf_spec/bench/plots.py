@@ -26,15 +26,16 @@ def short_label(method: str, target: str | None = None) -> str:
     `.json` and without the target's name), the folder's name for `name:path/to/folder`, else the spec itself.
 
     Example: `short_label("retrieval:benchmarks/configs/retrieval-qwen2.5-coder-0.5b-instruct-long.json",
-    "qwen2.5-coder-0.5b-instruct")` -> `"retrieval-long"`.
+    "qwen2.5-coder-0.5b-instruct")` -> `"retrieval-long"`; a `+compiled` suffix stays (`"retrieval-long+compiled"`).
     """
-    name, _, arg = method.partition(":")
+    compiled = "+compiled" if method.endswith("+compiled") else ""
+    name, _, arg = method.removesuffix(compiled).partition(":")
     if "/" not in arg and not arg.endswith(".json"):
         return method
     stem = Path(arg).name.removesuffix(".json")
     if target:
         stem = stem.replace(f"-{target}", "").replace(target, "").strip("-")
-    return stem or name
+    return (stem or name) + compiled
 
 
 def per_prompt(results: dict, key: str) -> dict[str, list[float]]:
