@@ -57,7 +57,10 @@ def test_short_labels_name_the_config():
     assert short_label(f"talon:benchmarks/configs/talon-{Q}.json", Q) == "talon"
     assert short_label(f"eagle:model_cards/hass-{Q}", Q) == "hass"
     assert short_label("early-exit:12", Q) == "early-exit:12" and short_label("pld") == "pld"
-    assert short_label(f"eagle3:benchmarks/configs/eagle3-{Q}-chain3.json+compiled", Q) == "eagle3-chain3+compiled"
+    assert (
+        short_label(f"eagle3:benchmarks/configs/eagle3-{Q}-chain3.json+compiled", Q)
+        == "eagle3-chain3+compiled"
+    )
     assert short_label("pld+compiled", Q) == "pld+compiled"
     assert run_target(_results()) == Q
 
