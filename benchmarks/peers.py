@@ -307,18 +307,10 @@ def export_eagle3(head: str, out: Path) -> str:
     return str(export_head(head, "eagle3-vllm", out))
 
 
-def eos_masked(method: str) -> bool:
-    """Rows of transformers' own loop asked for exactly as many tokens as `ar` made (`min_new_tokens`): it masks the
-    end-of-sequence token until then, so where `ar` ended with it such a row must pick another token."""
-    return method in ("hf-pld", "ar-kernels", "ar+compiled") or method.startswith("hf-early-exit")
-
-
-def same_tokens(method: str, ref: list[int], got: list[int], eos: int | list[int] | None) -> bool:
-    """`got` equals `ref`; for an `eos_masked` row, equal up to the end-of-sequence token `ref` stopped at."""
-    if got == ref:
-        return True
-    ends = {eos} if isinstance(eos, int) else set(eos or ())
-    return eos_masked(method) and bool(ref) and ref[-1] in ends and got[: len(ref) - 1] == ref[:-1]
+def same_tokens(ref: list[int], got: list[int]) -> bool:
+    """`got` equals `ref` (transformers' rows other than the reference ignore the end of sequence and make exactly
+    as many tokens as `ar` made, its end-of-sequence token included)."""
+    return got == ref
 
 
 def check_lossless(results: dict, target: str, dtype: str, quantize: str | None = None) -> None:
@@ -337,7 +329,7 @@ def check_lossless(results: dict, target: str, dtype: str, quantize: str | None 
             ref = by_key.get((base, r["question_id"])) if base and base != r["method"] else None
             if ref is None:
                 continue
-            if same_tokens(r["method"], ref["tokens"], r["tokens"], results["infos"][REFERENCE].get("eos")):
+            if same_tokens(ref["tokens"], r["tokens"]):
                 r[f"{field}lossless"] = True
                 continue
             if model is None:

@@ -48,11 +48,13 @@ def hf_engines(args: argparse.Namespace) -> tuple[dict, dict]:
     def make(method: Method):
         def call(ids: list[int], new: int, stop_at_eos: bool) -> dict:
             method.kwargs["max_new_tokens"] = new
-            # the reference stops at the end of sequence; every other call makes exactly `new` tokens, as the
-            # other engines do (a lossless method stops where the reference did anyway)
-            method.kwargs["min_new_tokens"] = 0 if stop_at_eos else new
-            if method.decoder is not None:  # hf-spec's loop: stops at EOS itself; min_new_tokens is not its
-                method.kwargs.pop("min_new_tokens")
+            # the reference stops at the end of sequence; every other row of transformers' loop makes exactly `new`
+            # tokens, as the other engines do, by not stopping at it (`min_new_tokens` would mask it instead, at the
+            # cost of a vocabulary-wide `isin` a step that the reference does not pay); hf-spec's loop stops at
+            # the end of sequence itself, where the reference did when lossless
+            method.kwargs.pop("eos_token_id", None)
+            if not stop_at_eos and method.decoder is None:
+                method.kwargs["eos_token_id"] = None
             out, row = method.generate(torch.tensor([ids]), None, counter)
             answer = {"tokens": out[0, len(ids) :].tolist(), "seconds": row["seconds"], "tau": row["tau"]}
             if "stats" in row:

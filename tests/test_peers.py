@@ -60,18 +60,31 @@ def test_peers_runs_transformers_and_hf_spec_in_a_worker(prompt_file, tmp_path, 
     assert "| `vllm` | not run: no --vllm-python" in table and "Command: `python benchmarks/peers.py" in table
 
 
-def test_rows_asked_past_the_end_of_sequence_compare_up_to_it():
-    """transformers' own loop asked for exactly N tokens masks the end of sequence: where `ar` stopped there, such a
-    row equals it up to that token; an hf-spec row (which stops by itself) and any other departure do not."""
-    ref, eos = [5, 6, 7, 2], [2, 9]
-    assert peers.same_tokens("hf-pld", ref, [5, 6, 7, 4], eos)
-    assert peers.same_tokens("ar-kernels", ref, [5, 6, 7, 4], 2)
-    assert peers.same_tokens("ar+compiled", ref, [5, 6, 7, 4], 2)  # transformers' compiled loop masks EOS too
-    assert not peers.same_tokens("pld+compiled", ref, [5, 6, 7, 4], 2)  # hf-spec's loop stops at EOS itself
-    assert not peers.same_tokens("pld", ref, [5, 6, 7, 4], eos)
-    assert not peers.same_tokens("hf-pld", ref, [5, 6, 8, 4], eos)
-    assert not peers.same_tokens("hf-pld", [5, 6, 7, 3], [5, 6, 7, 4], eos)
-    assert peers.same_tokens("pld", ref, list(ref), eos)
+def test_rows_other_than_the_reference_make_its_tokens_through_its_end_of_sequence(monkeypatch):
+    """The worker's reference (`ar`) stops at the end of sequence; transformers' other rows are asked for exactly
+    as many tokens and make the same ones, the end-of-sequence token included (they do not stop at it, and do not
+    mask it as `min_new_tokens` would)."""
+    import argparse
+
+    import peers_worker
+    import torch
+
+    from hf_spec import models
+
+    model, tokenizer = models.load_model(str(STORIES), dtype=torch.float32)
+    ids = tokenizer("Once upon a time", return_tensors="pt").input_ids
+    free = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None)
+    free = free[0, ids.shape[1] :].tolist()
+    model.generation_config.eos_token_id = free[6]  # a token the model makes: the reference ends at it
+    monkeypatch.setattr(models, "load_model", lambda *args, **kwargs: (model, tokenizer))
+    args = argparse.Namespace(target=str(STORIES), threads=1, dtype="float32", quantize=None,
+                              engines=["ar", "ar-kernels", "hf-pld", "pld"], max_cache_len=None)  # fmt: skip
+    engines, _ = peers_worker.hf_engines(args)
+    ref = engines["ar"](ids[0].tolist(), 12, True)["tokens"]
+    assert ref == free[: free.index(free[6]) + 1]
+    for name in ("ar-kernels", "hf-pld", "pld"):
+        assert engines[name](ids[0].tolist(), len(ref), False)["tokens"] == ref, name
+    assert peers.same_tokens(ref, list(ref)) and not peers.same_tokens(ref, ref[:-1] + [ref[-1] + 1])
 
 
 def test_acceptance_length_of_vllm_and_hf_spec_counters():
