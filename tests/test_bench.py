@@ -226,8 +226,9 @@ def test_compiled_methods_keep_one_cache_length():
     from hf_spec.bench import runner
 
     compiled, eager = runner.Method("ar+compiled", None, None, 8), runner.Method("ar", None, None, 8)
-    for method in (compiled, eager):
+    rounds = runner.Method("pld+compiled", None, None, 8)  # hf-spec's compiled rounds: their own cache sizes
+    for method in (compiled, eager, rounds):
         method.fix_cache_length(300)
     assert compiled.kwargs["max_cache_len"] == 300
     assert compiled.kwargs["cache_implementation"] == "static"
-    assert "max_cache_len" not in eager.kwargs
+    assert "max_cache_len" not in eager.kwargs and "max_cache_len" not in rounds.kwargs

@@ -120,10 +120,11 @@ class Method:
         self.needs_reference = self.decoder is not None and self.decoder.config.method == "oracle"
 
     def fix_cache_length(self, tokens: int) -> None:
-        """A compiled method's static cache holds `tokens` for every call (prompt and new tokens of the longest
-        call), so one compiled graph serves every prompt instead of a new cache size, and a recompile, per prompt
-        that outgrows the last one. No effect on an eager method."""
-        if self.compiled:
+        """transformers' compiled `generate` (`ar+compiled`) keeps a static cache of `tokens` for every call (prompt
+        and new tokens of the longest call), so one compiled graph serves every prompt instead of a new cache size,
+        and a recompile, per prompt that outgrows the last one. No effect on eager methods, nor on hf-spec's
+        compiled rounds, which size their cache in steps of their own."""
+        if self.compiled and self.decoder is None:
             self.kwargs["max_cache_len"] = tokens
 
     def generate(self, input_ids: torch.Tensor, reference: torch.Tensor | None, counter: ForwardCounter):
