@@ -11,9 +11,10 @@ on the same machine and threads, interleaved prompt by prompt, each engine famil
 - `llama` (a side environment with `llama-cpp-python`): llama.cpp on the GGUF the target was converted from, plain
   and with `LlamaPromptLookupDecoding` (one process each).
 
-`ar` goes first on every prompt and stops at the end of sequence as `generate` does; every other engine is then
-asked for exactly as many new tokens (ignoring its end-of-sequence token), in an order that rotates from prompt to
-prompt. Tokens/s counts the wall time of the whole call, prefill included. Each engine is warmed up once first.
+`ar` decodes every prompt first, untimed, stopping at the end of sequence as `generate` does: that sets how many
+new tokens every engine is then asked for (the others ignore their end-of-sequence token), and every engine, `ar`
+too, is timed in an order that rotates from prompt to prompt. Tokens/s counts the wall time of the whole call,
+prefill included. Each engine is warmed up once first.
 
 Each output is compared with plain greedy decoding twice: with `ar`'s (transformers) and with its own engine's
 plain decoding (vLLM's speculation with vLLM's plain output, llama.cpp's prompt lookup with llama.cpp's plain
@@ -239,11 +240,14 @@ def run(args: argparse.Namespace) -> dict:
         engines = list(workers)
         runs = []
         for i, (p, ids) in enumerate(zip(prompts, encoded, strict=True)):
-            rest = engines[1:]
-            k = i % len(rest) if rest else 0
-            order = [REFERENCE, *rest[k:], *rest[:k]]
-            new = args.max_new_tokens
-            for engine in order:
+            # the reference's untimed call sets how many tokens every engine makes (where it stops at the end of
+            # sequence); then every engine, the reference too, is timed in an order rotated by one each prompt, so
+            # no engine always runs first, right after another process had the cores
+            new = len(
+                workers[REFERENCE].call(REFERENCE, ids, args.max_new_tokens, stop_at_eos=True)["tokens"]
+            )
+            k = i % len(engines)
+            for engine in engines[k:] + engines[:k]:
                 if engine not in workers:  # failed on an earlier prompt
                     continue
                 load = os.getloadavg()[0]
@@ -256,8 +260,6 @@ def run(args: argparse.Namespace) -> dict:
                     left_out[engine] = f"failed on {p.question_id}: {str(err).splitlines()[0]}"
                     drop(workers, engine)
                     continue
-                if engine == REFERENCE:
-                    new = len(answer["tokens"])
                 n = len(answer["tokens"])
                 row = {
                     "method": engine,
