@@ -157,6 +157,19 @@ def test_kernel_matches_its_torch_twin_and_gives_each_row_its_own_bits(isa, dtyp
             )
 
 
+def test_int8_activation_tiles_give_the_same_bits_on_every_instruction_set():
+    """The integer products are exact, so AVX512-VNNI's fused byte products (chosen where the CPU has them) and
+    AVX2's two-step ones give the same bits: a model's tokens do not depend on which tile ran."""
+    _kernel_or_skip(cpu_skinny_gemm.ISA_AVX2)
+    weights = {k: w for k, w in _all_weights(13, 160).items() if "q8" in k}
+    for name, weight in weights.items():
+        for rows in (1, 4, 7, 64):
+            x = torch.randn(rows, 160, generator=torch.Generator().manual_seed(rows)) * 4
+            best = gq.kernel_group_linear(x, weight, isa=cpu_skinny_gemm.ISA_AUTO)
+            avx2 = gq.kernel_group_linear(x, weight, isa=cpu_skinny_gemm.ISA_AVX2)
+            assert torch.equal(best, avx2), f"{name} {rows} rows"
+
+
 def test_kernel_declines_what_it_does_not_take():
     weight = _weights(8, 64)["u4-min"]
     assert gq.kernel_group_linear(torch.randn(2, 64, dtype=torch.float16), weight) is None

@@ -209,6 +209,29 @@ HF_AVX2 inline __m256i bit4_of_bits(uint32_t bits) {
   return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
 }
 
+// the same two with AVX-512 BW / VL byte masks: bit i of a mask adds 0x10 to byte i (bit 4 of a nibble is clear)
+HF_VNNI256 inline void set_bit4_of_pair_avx512(const uint32_t* pair, __m256i& lo, __m256i& hi) {
+  uint64_t both;  // run 2p's word in bits 0-31, run 2p + 1's in bits 32-63
+  std::memcpy(&both, pair, sizeof both);
+  const __m256i b4 = _mm256_set1_epi8(0x10);
+  const auto lo_mask = static_cast<__mmask32>((both & 0xFFFFu) | ((both >> 16) & 0xFFFF0000u));
+  const auto hi_mask = static_cast<__mmask32>(((both >> 16) & 0xFFFFu) | ((both >> 32) & 0xFFFF0000u));
+  lo = _mm256_mask_add_epi8(lo, lo_mask, lo, b4);
+  hi = _mm256_mask_add_epi8(hi, hi_mask, hi, b4);
+}
+
+HF_VNNI256 inline __m256i set_bit4_avx512(__m256i v, uint32_t bits) {
+  return _mm256_mask_add_epi8(v, static_cast<__mmask32>(bits), v, _mm256_set1_epi8(0x10));
+}
+
+// AVX2's: or the two vectors of bit4_of_pair into lo and hi
+HF_AVX2 inline void set_bit4_of_pair_avx2(const uint32_t* pair, __m256i& lo, __m256i& hi) {
+  __m256i lo4, hi4;
+  bit4_of_pair(pair, lo4, hi4);
+  lo = _mm256_or_si256(lo, lo4);
+  hi = _mm256_or_si256(hi, hi4);
+}
+
 // int32 sums of 4 products each: lanes 0-3 codes 0-15 of the 32 bytes' first half, lanes 4-7 the second half
 HF_AVX2 inline __m256i dot_u8s8(__m256i codes_u8, __m256i q) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(codes_u8, q), _mm256_set1_epi16(1));
@@ -217,112 +240,35 @@ HF_AVX2 inline __m256i dot_u8s8(__m256i codes_u8, __m256i q) {
 // [a x 4 | b x 4]
 HF_AVX2 inline __m256 halves(float a, float b) { return _mm256_set_m128(_mm_set1_ps(b), _mm_set1_ps(a)); }
 
-template <int LAYOUT, int NRT, int MR>
-HF_AVX2 void tile_q8_avx2(const QuantizedRows& xq, const GroupQuantWeight& w, const float* bias, float* __restrict y,
-                          int64_t n, int64_t m, int64_t N, int64_t K, int npf) {
-  const int64_t groups = xq.groups, runs = xq.runs;
-  const int32_t* hg = xq.half_group.data();  // hg[k / 16]: the scale's group of input k
-  const int64_t row_bytes = LAYOUT == kCodesI8 ? K : K / 2;
-  const uint8_t* codes = static_cast<const uint8_t*>(w.codes) + n * row_bytes;
-  const float* scale = w.scale + n * groups;
-  const uint32_t* high = LAYOUT == kCodesU5 ? w.high + n * runs : nullptr;
-  const int8_t* q = xq.q.data() + m * K;
-  const float* d = xq.d.data() + m * runs;
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  __m256 acc[NRT][MR];
-  for (int i = 0; i < NRT; ++i)
-    for (int j = 0; j < MR; ++j) acc[i][j] = _mm256_setzero_ps();
-  if (LAYOUT == kCodesI8) {
-    for (int64_t r = 0; r < runs; ++r) {
-      const int64_t k = r * RUN_Q8;
-      if ((k & 63) == 0)
-        for (int i = 0; i < npf; ++i)
-          _mm_prefetch(reinterpret_cast<const char*>(codes + (NRT + i) * row_bytes + k), _MM_HINT_T1);
-      __m256i qx[MR];
-      for (int j = 0; j < MR; ++j) qx[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j * K + k));
-      for (int i = 0; i < NRT; ++i) {
-        const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i * row_bytes + k));
-        const __m256i ac = _mm256_sign_epi8(c, c);  // |code| as uint8 (-128 -> 128)
-        const __m256 s = halves(scale[i * groups + hg[k / 16]], scale[i * groups + hg[k / 16 + 1]]);
-        for (int j = 0; j < MR; ++j) {
-          const __m256i sums = dot_u8s8(ac, _mm256_sign_epi8(qx[j], c));
-          acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(s, _mm256_set1_ps(d[j * runs + r])),
-                                      acc[i][j]);
-        }
-      }
-    }
-  } else {
-    const int64_t pairs = runs / 2;
-    const float* dpair = xq.dpair.data() + m * pairs * 8;
-    for (int64_t p = 0; p < pairs; ++p) {
-      const int64_t k = p * 64, off = p * 32;
-      if ((off & 63) == 0)
-        for (int i = 0; i < npf; ++i)
-          _mm_prefetch(reinterpret_cast<const char*>(codes + (NRT + i) * row_bytes + off), _MM_HINT_T1);
-      for (int i = 0; i < NRT; ++i) {
-        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i * row_bytes + off));
-        __m256i lo = _mm256_and_si256(raw, low4);                         // codes 0-15 of runs 2p, 2p + 1
-        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);  // codes 16-31 of both
-        if (LAYOUT == kCodesU5) {
-          __m256i lo4, hi4;
-          bit4_of_pair(high + i * runs + 2 * p, lo4, hi4);
-          lo = _mm256_or_si256(lo, lo4);
-          hi = _mm256_or_si256(hi, hi4);
-        }
-        const __m256 s = halves(scale[i * groups + hg[k / 16]], scale[i * groups + hg[k / 16 + 2]]);
-        for (int j = 0; j < MR; ++j) {
-          const __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j * K + k));
-          const __m256i qb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j * K + k + 32));
-          // 4 products of codes <= 31 and |q| <= 127 a lane: no int16 saturation
-          const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, qa), _mm256_maddubs_epi16(hi, qb));
-          const __m256i sums = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
-          const __m256 dp = _mm256_loadu_ps(dpair + j * pairs * 8 + 8 * p);
-          acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(s, dp), acc[i][j]);
-        }
-      }
-    }
-    if (runs & 1) {  // the last run alone, natural order
-      const int64_t r = runs - 1, k = r * RUN_Q8;
-      for (int i = 0; i < NRT; ++i) {
-        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i * row_bytes + k / 2));
-        const __m128i l4 = _mm_set1_epi8(0x0F);
-        __m256i c = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), l4), _mm_and_si128(raw, l4));
-        if (LAYOUT == kCodesU5) c = _mm256_or_si256(c, bit4_of_bits(high[i * runs + r]));
-        const float sr = scale[i * groups + hg[k / 16]];
-        for (int j = 0; j < MR; ++j) {
-          const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j * K + k));
-          const __m256 sd = _mm256_set1_ps(sr * d[j * runs + r]);
-          acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(c, qx)), sd, acc[i][j]);
-        }
-      }
-    }
-  }
-  for (int i = 0; i < NRT; ++i)
-    for (int j = 0; j < MR; ++j) {
-      float out = hsum_avx2(acc[i][j]);
-      if (w.min) {  // sum_g min[n, g] * gsum[m, g], 8 groups a step then the rest
-        const float* mn = w.min + (n + i) * groups;
-        const float* gs = xq.gsum.data() + (m + j) * groups;
-        __m256 macc = _mm256_setzero_ps();
-        int64_t g = 0;
-        for (; g + 8 <= groups; g += 8)
-          macc = _mm256_fmadd_ps(_mm256_loadu_ps(mn + g), _mm256_loadu_ps(gs + g), macc);
-        float tail = 0.f;
-        for (; g < groups; ++g) tail += mn[g] * gs[g];
-        out += hsum_avx2(macc) + tail;
-      }
-      y[(m + j) * N + n + i] = out + (bias ? bias[n + i] : 0.f);
-    }
-}
+// the tile, once with AVX2's two-step byte products and once with AVX512-VNNI's fused ones (same integer sums, so
+// the same bits); the dot macros give int32 lanes of 4 (DOT4) or 8 (DOT8) products of unsigned codes and int8 q
+#define HF_Q8_TARGET HF_AVX2
+#define HF_Q8_TILE tile_q8_avx2
+#define HF_Q8_DOT4(u, s) dot_u8s8(u, s)
+#define HF_Q8_SET_BIT4_OF_PAIR(pair, lo, hi) set_bit4_of_pair_avx2(pair, lo, hi)
+#define HF_Q8_SET_BIT4(v, bits) _mm256_or_si256(v, bit4_of_bits(bits))
+// 4 products of codes <= 31 and |q| <= 127 per int16 lane, two such sums added: no int16 saturation
+#define HF_Q8_DOT8(lo, qa, hi, qb) \
+  _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, qa), _mm256_maddubs_epi16(hi, qb)), _mm256_set1_epi16(1))
+#include "gemm_group_quant_q8_tile.h"
+
+#define HF_Q8_TARGET HF_VNNI256
+#define HF_Q8_TILE tile_q8_vnni
+#define HF_Q8_DOT4(u, s) _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
+#define HF_Q8_SET_BIT4_OF_PAIR(pair, lo, hi) set_bit4_of_pair_avx512(pair, lo, hi)
+#define HF_Q8_SET_BIT4(v, bits) set_bit4_avx512(v, bits)
+#define HF_Q8_DOT8(lo, qa, hi, qb) _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, qa), hi, qb)
+#include "gemm_group_quant_q8_tile.h"
 
 using TileQ8Fn = void (*)(const QuantizedRows&, const GroupQuantWeight&, const float*, float*, int64_t, int64_t,
                           int64_t, int64_t, int);
 
-#define HF_Q8_ROW(L, NRT) \
-  {tile_q8_avx2<L, NRT, 1>, tile_q8_avx2<L, NRT, 2>, tile_q8_avx2<L, NRT, 3>, tile_q8_avx2<L, NRT, 4>}
-#define HF_Q8_TABLE(L) {HF_Q8_ROW(L, 1), HF_Q8_ROW(L, 2)}
+#define HF_Q8_ROW(F, L, NRT) {F<L, NRT, 1>, F<L, NRT, 2>, F<L, NRT, 3>, F<L, NRT, 4>}
+#define HF_Q8_TABLE(F, L) {HF_Q8_ROW(F, L, 1), HF_Q8_ROW(F, L, 2)}
+#define HF_Q8_TABLES(F) {HF_Q8_TABLE(F, kCodesI8), HF_Q8_TABLE(F, kCodesU4), HF_Q8_TABLE(F, kCodesU5)}
 
-static const TileQ8Fn kQ8[3][NR_Q8][MR_Q8] = {HF_Q8_TABLE(kCodesI8), HF_Q8_TABLE(kCodesU4), HF_Q8_TABLE(kCodesU5)};
+static const TileQ8Fn kQ8Avx2[3][NR_Q8][MR_Q8] = HF_Q8_TABLES(tile_q8_avx2);
+static const TileQ8Fn kQ8Vnni[3][NR_Q8][MR_Q8] = HF_Q8_TABLES(tile_q8_vnni);
 
 }  // namespace
 
@@ -332,7 +278,8 @@ void skinny_gemm_gq_q8(const float* x, const GroupQuantWeight& w, const float* b
   QuantizedRows& xq = rows;          // the caller's, named so that the threads below share it
   quantize_rows(x, w, M, K, xq, isa >= kIsaAvx2);
   const bool simd = isa >= kIsaAvx2;
-  const TileQ8Fn(*table)[MR_Q8] = kQ8[w.layout];
+  // AVX-512 asked for and VNNI present: the fused byte products (256-bit, so the same lanes and bits as AVX2)
+  const TileQ8Fn(*table)[MR_Q8] = (isa >= kIsaAvx512 && has_vnni256() ? kQ8Vnni : kQ8Avx2)[w.layout];
   over_q_tiles(M, N, NR_Q8, MR_Q8, NR_Q8 * K * std::max<int64_t>(M, 4) / 4,
                [&](int64_t n, int64_t nr, int64_t m, int64_t mr, int npf) {
                  if (simd)

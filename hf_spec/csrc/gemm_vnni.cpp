@@ -89,6 +89,11 @@ bool has_vnni() {
   return vnni;
 }
 
+bool has_vnni256() {
+  static const bool vnni256 = has_vnni() && __builtin_cpu_supports("avx512vl");
+  return vnni256;
+}
+
 void skinny_gemm_u8s8(const uint8_t* xu, const float* xs, const int8_t* q, const int32_t* qsum,
                       const float* scale, float* y, int64_t M, int64_t N, int64_t K) {
   // 4 products per lane and instruction

@@ -25,6 +25,7 @@ enum Isa : int { kIsaScalar = 0, kIsaAvx2 = 1, kIsaAvx512 = 2 };
 
 int best_isa();    // the best of kIsaScalar / kIsaAvx2 (AVX2 + FMA) / kIsaAvx512 this CPU runs
 bool has_vnni();   // AVX-512 F, BW and VNNI
+bool has_vnni256();  // has_vnni() and AVX-512 VL: VNNI's byte products on 256-bit registers
 bool has_bf16();   // AVX-512 F, BW and BF16
 
 // y = x @ w^T (+ bias), fp32 (gemm_f32.cpp)
@@ -67,6 +68,7 @@ void select_within(const float* a, const float* floor, const float* ew, const fl
 // ------------------------------------------------------------------------------------------------ helpers
 #define HF_AVX2 __attribute__((target("avx2,fma")))
 #define HF_AVX512 __attribute__((target("avx512f,avx2,fma")))
+#define HF_VNNI256 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")))
 
 HF_AVX2 inline __m128 hsum128_avx2(__m256 a) {
   return _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));

@@ -1,0 +1,105 @@
+// The tile of gemm_group_quant_q8.cpp, included there once per instruction set (no include guard): the includer
+// defines HF_Q8_TARGET (the function's target attribute), HF_Q8_TILE (its name) and the integer dot products
+// HF_Q8_DOT4(u, s) / HF_Q8_DOT8(lo, qa, hi, qb) (int32 lanes: sums of 4 / 8 products of unsigned bytes u, lo, hi
+// with signed bytes s, qa, qb) and U5's bit 4 setters HF_Q8_SET_BIT4_OF_PAIR(pair, lo, hi) (in place, the paired
+// order) / HF_Q8_SET_BIT4(v, bits) (returns v, natural order), and gets them undefined again at the end.
+//
+// A tile: rows [n, n + NRT) of w against rows [m, m + MR) of x (quantized), fp32 lanes summed over runs in order.
+
+template <int LAYOUT, int NRT, int MR>
+HF_Q8_TARGET void HF_Q8_TILE(const QuantizedRows& xq, const GroupQuantWeight& w, const float* bias, float* __restrict y,
+                          int64_t n, int64_t m, int64_t N, int64_t K, int npf) {
+  const int64_t groups = xq.groups, runs = xq.runs;
+  const int32_t* hg = xq.half_group.data();  // hg[k / 16]: the scale's group of input k
+  const int64_t row_bytes = LAYOUT == kCodesI8 ? K : K / 2;
+  const uint8_t* codes = static_cast<const uint8_t*>(w.codes) + n * row_bytes;
+  const float* scale = w.scale + n * groups;
+  const uint32_t* high = LAYOUT == kCodesU5 ? w.high + n * runs : nullptr;
+  const int8_t* q = xq.q.data() + m * K;
+  const float* d = xq.d.data() + m * runs;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[NRT][MR];
+  for (int i = 0; i < NRT; ++i)
+    for (int j = 0; j < MR; ++j) acc[i][j] = _mm256_setzero_ps();
+  if (LAYOUT == kCodesI8) {
+    for (int64_t r = 0; r < runs; ++r) {
+      const int64_t k = r * RUN_Q8;
+      if ((k & 63) == 0)
+        for (int i = 0; i < npf; ++i)
+          _mm_prefetch(reinterpret_cast<const char*>(codes + (NRT + i) * row_bytes + k), _MM_HINT_T1);
+      __m256i qx[MR];
+      for (int j = 0; j < MR; ++j) qx[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j * K + k));
+      for (int i = 0; i < NRT; ++i) {
+        const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i * row_bytes + k));
+        const __m256i ac = _mm256_sign_epi8(c, c);  // |code| as uint8 (-128 -> 128)
+        const __m256 s = halves(scale[i * groups + hg[k / 16]], scale[i * groups + hg[k / 16 + 1]]);
+        for (int j = 0; j < MR; ++j) {
+          const __m256i sums = HF_Q8_DOT4(ac, _mm256_sign_epi8(qx[j], c));
+          acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(s, _mm256_set1_ps(d[j * runs + r])),
+                                      acc[i][j]);
+        }
+      }
+    }
+  } else {
+    const int64_t pairs = runs / 2;
+    const float* dpair = xq.dpair.data() + m * pairs * 8;
+    for (int64_t p = 0; p < pairs; ++p) {
+      const int64_t k = p * 64, off = p * 32;
+      if ((off & 63) == 0)
+        for (int i = 0; i < npf; ++i)
+          _mm_prefetch(reinterpret_cast<const char*>(codes + (NRT + i) * row_bytes + off), _MM_HINT_T1);
+      for (int i = 0; i < NRT; ++i) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i * row_bytes + off));
+        __m256i lo = _mm256_and_si256(raw, low4);                         // codes 0-15 of runs 2p, 2p + 1
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);  // codes 16-31 of both
+        if (LAYOUT == kCodesU5) HF_Q8_SET_BIT4_OF_PAIR(high + i * runs + 2 * p, lo, hi);
+        const __m256 s = halves(scale[i * groups + hg[k / 16]], scale[i * groups + hg[k / 16 + 2]]);
+        for (int j = 0; j < MR; ++j) {
+          const __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j * K + k));
+          const __m256i qb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j * K + k + 32));
+          const __m256i sums = HF_Q8_DOT8(lo, qa, hi, qb);
+          const __m256 dp = _mm256_loadu_ps(dpair + j * pairs * 8 + 8 * p);
+          acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(s, dp), acc[i][j]);
+        }
+      }
+    }
+    if (runs & 1) {  // the last run alone, natural order
+      const int64_t r = runs - 1, k = r * RUN_Q8;
+      for (int i = 0; i < NRT; ++i) {
+        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i * row_bytes + k / 2));
+        const __m128i l4 = _mm_set1_epi8(0x0F);
+        __m256i c = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), l4), _mm_and_si128(raw, l4));
+        if (LAYOUT == kCodesU5) c = HF_Q8_SET_BIT4(c, high[i * runs + r]);
+        const float sr = scale[i * groups + hg[k / 16]];
+        for (int j = 0; j < MR; ++j) {
+          const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j * K + k));
+          const __m256 sd = _mm256_set1_ps(sr * d[j * runs + r]);
+          acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(HF_Q8_DOT4(c, qx)), sd, acc[i][j]);
+        }
+      }
+    }
+  }
+  for (int i = 0; i < NRT; ++i)
+    for (int j = 0; j < MR; ++j) {
+      float out = hsum_avx2(acc[i][j]);
+      if (w.min) {  // sum_g min[n, g] * gsum[m, g], 8 groups a step then the rest
+        const float* mn = w.min + (n + i) * groups;
+        const float* gs = xq.gsum.data() + (m + j) * groups;
+        __m256 macc = _mm256_setzero_ps();
+        int64_t g = 0;
+        for (; g + 8 <= groups; g += 8)
+          macc = _mm256_fmadd_ps(_mm256_loadu_ps(mn + g), _mm256_loadu_ps(gs + g), macc);
+        float tail = 0.f;
+        for (; g < groups; ++g) tail = std::fma(mn[g], gs[g], tail);  // fused in every build, whatever it vectorises
+        out += hsum_avx2(macc) + tail;
+      }
+      y[(m + j) * N + n + i] = out + (bias ? bias[n + i] : 0.f);
+    }
+}
+
+#undef HF_Q8_TARGET
+#undef HF_Q8_TILE
+#undef HF_Q8_DOT4
+#undef HF_Q8_DOT8
+#undef HF_Q8_SET_BIT4_OF_PAIR
+#undef HF_Q8_SET_BIT4
