@@ -3,7 +3,7 @@ and from the checkout's, alternated in one process (the machine's speed drifts t
 1, 2, 4 and 8 rows of bfloat16 x (decoding, and verifications of 1-7 drafted tokens). Also checks that both builds
 give the same bits.
 
-    python lab/quantized_cpu/kernel_build_ab.py --base e7676f0~1 [--repeats 6]
+    python lab/quantized_cpu/kernel_build_ab.py --base e7676f0~1 [--repeats 6] [--threads 1] [--by-format]
 """
 
 import argparse
@@ -40,9 +40,11 @@ def main() -> int:
     p.add_argument("--base", required=True, help="the commit whose hf_spec/csrc is the A side")
     p.add_argument("--repeats", type=int, default=6)
     p.add_argument("--rows", default="1,2,4,8")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--by-format", action="store_true", help="also a table per GGUF format and shape")
     args = p.parse_args()
     rows_list = [int(r) for r in args.rows.split(",")]
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
     with tempfile.TemporaryDirectory() as tmp:
         names = subprocess.run(["git", "ls-tree", "--name-only", args.base, "hf_spec/csrc/"], cwd=ROOT,
@@ -72,15 +74,46 @@ def main() -> int:
             kernel_group_linear(xs[(rows, m.in_features)], m.packed, bias[m])
         return time.perf_counter() - t0
 
+    def format_of(m) -> str:
+        return f"{m.scheme}, {m.in_features} x {m.out_features}"
+
+    by_format = {}
+    for m in mods:
+        by_format.setdefault(format_of(m), []).append(m)
+
+    def seconds_by_format(module, rows):
+        csg._module = module
+        out = {}
+        for name, group in by_format.items():
+            t0 = time.perf_counter()
+            for m in group:
+                kernel_group_linear(xs[(rows, m.in_features)], m.packed, bias[m])
+            out[name] = time.perf_counter() - t0
+        return out
+
     for rows in rows_list:
         same = all(torch.equal(a, b) for a, b in zip(outputs(base, rows), outputs(head, rows), strict=True))
         print(f"{rows} rows: same bits in both builds: {same}")
     times = {(side, r): [] for side in ("base", "head") for r in rows_list}
+    formats = {(side, r, f): [] for side in ("base", "head") for r in rows_list for f in by_format}
     for rep in range(args.repeats):
         order = (("base", base), ("head", head)) if rep % 2 == 0 else (("head", head), ("base", base))
         for side, module in order:
             for rows in rows_list:
                 times[(side, rows)].append(1e3 * seconds(module, rows))
+                if args.by_format:
+                    for f, t in seconds_by_format(module, rows).items():
+                        formats[(side, rows, f)].append(1e3 * t)
+    if args.by_format:
+        print(
+            "| rows | format, in x out | base (ms) | checkout (ms) | checkout / base |\n|---|---|---|---|---|"
+        )
+        for (side, rows, f), v in formats.items():
+            if side == "head":
+                a = statistics.median(formats[("base", rows, f)])
+                print(
+                    f"| {rows} | {f} | {a:.2f} | {statistics.median(v):.2f} | {statistics.median(v) / a:.2f} |"
+                )
     print(f"| rows | {args.base} (ms) | checkout (ms) | checkout / base |\n|---|---|---|---|")
     for rows in rows_list:
         a, b = statistics.median(times[("base", rows)]), statistics.median(times[("head", rows)])
