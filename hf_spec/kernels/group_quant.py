@@ -21,7 +21,7 @@ function up to the order of float32 sums. `group_quant_linear` is the torch oper
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -64,9 +64,13 @@ class GroupQuantWeight:
     group_size: int
     in_features: int
     int8_activations: bool = False
+    # `int(layout)`, what the compiled operator is given: a plain int, which dynamo guards by value in C++, where
+    # the one enum member shared by every weight costs a Python identity guard per linear on each compiled call
+    layout_code: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.layout = CodeLayout(self.layout)
+        self.layout_code = int(self.layout)
         n, k, g = self.scale.shape[0], self.in_features, self.group_size
         step = 16 if self.layout is CodeLayout.I8 else RUN
         if g < 1 or g % step or k % g:
@@ -164,7 +168,7 @@ class GroupQuantWeight:
         weight = object.__new__(cls)
         weight.__dict__.update(
             codes=codes, scale=scale, min=min, high=high, layout=layout, group_size=group_size,
-            in_features=in_features, int8_activations=int8_activations,
+            in_features=in_features, int8_activations=int8_activations, layout_code=int(layout),
         )  # fmt: skip
         return weight
 
@@ -429,7 +433,7 @@ def quantized_linear(
             weight.min,
             weight.high,
             bias,
-            int(weight.layout),
+            weight.layout_code,
             weight.group_size,
             weight.int8_activations,
         )
