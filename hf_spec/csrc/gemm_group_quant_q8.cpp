@@ -22,7 +22,9 @@
 namespace hf_spec {
 namespace {
 
-constexpr int NR_Q8 = 2;  // rows of w per tile
+constexpr int NR_Q8 = 2;       // rows of w per tile (AVX2: 16 registers)
+constexpr int NR_Q8_VNNI = 4;  // rows of w per tile with AVX-512's 32 registers: x's loads shared by more rows,
+constexpr int64_t kShortRows = 2048;  // for rows of w up to this long (measured: no gain on 4864-input rows)
 constexpr int MR_Q8 = 4;  // rows of x per tile: 2 x 4 accumulators; a row of w is unpacked once for 4 rows of x
 constexpr int RUN_Q8 = 32;
 
@@ -264,11 +266,12 @@ using TileQ8Fn = void (*)(const QuantizedRows&, const GroupQuantWeight&, const f
                           int64_t, int64_t, int);
 
 #define HF_Q8_ROW(F, L, NRT) {F<L, NRT, 1>, F<L, NRT, 2>, F<L, NRT, 3>, F<L, NRT, 4>}
-#define HF_Q8_TABLE(F, L) {HF_Q8_ROW(F, L, 1), HF_Q8_ROW(F, L, 2)}
-#define HF_Q8_TABLES(F) {HF_Q8_TABLE(F, kCodesI8), HF_Q8_TABLE(F, kCodesU4), HF_Q8_TABLE(F, kCodesU5)}
+#define HF_Q8_TABLE2(F, L) {HF_Q8_ROW(F, L, 1), HF_Q8_ROW(F, L, 2)}
+#define HF_Q8_TABLE4(F, L) {HF_Q8_ROW(F, L, 1), HF_Q8_ROW(F, L, 2), HF_Q8_ROW(F, L, 3), HF_Q8_ROW(F, L, 4)}
+#define HF_Q8_TABLES(T, F) {T(F, kCodesI8), T(F, kCodesU4), T(F, kCodesU5)}
 
-static const TileQ8Fn kQ8Avx2[3][NR_Q8][MR_Q8] = HF_Q8_TABLES(tile_q8_avx2);
-static const TileQ8Fn kQ8Vnni[3][NR_Q8][MR_Q8] = HF_Q8_TABLES(tile_q8_vnni);
+static const TileQ8Fn kQ8Avx2[3][NR_Q8][MR_Q8] = HF_Q8_TABLES(HF_Q8_TABLE2, tile_q8_avx2);
+static const TileQ8Fn kQ8Vnni[3][NR_Q8_VNNI][MR_Q8] = HF_Q8_TABLES(HF_Q8_TABLE4, tile_q8_vnni);
 
 }  // namespace
 
@@ -279,11 +282,15 @@ void skinny_gemm_gq_q8(const float* x, const GroupQuantWeight& w, const float* b
   quantize_rows(x, w, M, K, xq, isa >= kIsaAvx2);
   const bool simd = isa >= kIsaAvx2;
   // AVX-512 asked for and VNNI present: the fused byte products (256-bit, so the same lanes and bits as AVX2)
-  const TileQ8Fn(*table)[MR_Q8] = (isa >= kIsaAvx512 && has_vnni256() ? kQ8Vnni : kQ8Avx2)[w.layout];
-  over_q_tiles(M, N, NR_Q8, MR_Q8, NR_Q8 * K * std::max<int64_t>(M, 4) / 4,
+  const bool vnni = simd && isa >= kIsaAvx512 && has_vnni256();
+  const int64_t nr_tile = vnni && K <= kShortRows ? NR_Q8_VNNI : NR_Q8;
+  const auto tile = [&](int64_t nr, int64_t mr) {
+    return vnni ? kQ8Vnni[w.layout][nr - 1][mr - 1] : kQ8Avx2[w.layout][nr - 1][mr - 1];
+  };
+  over_q_tiles(M, N, nr_tile, MR_Q8, nr_tile * K * std::max<int64_t>(M, 4) / 4,
                [&](int64_t n, int64_t nr, int64_t m, int64_t mr, int npf) {
                  if (simd)
-                   table[nr - 1][mr - 1](xq, w, bias, y, n, m, N, K, npf);
+                   tile(nr, mr)(xq, w, bias, y, n, m, N, K, npf);
                  else
                    rows_scalar_q8(xq, w, bias, y, n, nr, m, mr, N, K);
                });
