@@ -90,6 +90,7 @@ def _weights(out_features: int, in_features: int) -> dict[str, GroupQuantWeight]
         "i8-16-min": GroupQuantWeight.from_codes(
             codes - 16, scale.repeat_interleave(2, 1), -scale.repeat_interleave(2, 1), CodeLayout.I8, 16
         ),
+        "i8-32": GroupQuantWeight.from_codes(codes - 16, scale, None, CodeLayout.I8, 32),  # Q8_0's shape
         "u4-min": quantize_int4(w),
         "u5-min": GroupQuantWeight.from_codes(codes, scale, -16 * scale, CodeLayout.U5, 32),
     } | (
