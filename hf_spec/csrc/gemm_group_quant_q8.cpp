@@ -22,9 +22,11 @@
 namespace hf_spec {
 namespace {
 
-constexpr int NR_Q8 = 2;       // rows of w per tile (AVX2: 16 registers)
-constexpr int NR_Q8_VNNI = 4;  // rows of w per tile with AVX-512's 32 registers: x's loads shared by more rows,
-constexpr int64_t kShortRows = 2048;  // for rows of w up to this long (measured: no gain on 4864-input rows)
+constexpr int NR_Q8 = 2;  // rows of w per tile
+// rows of w per tile where registers allow (one row of x on AVX2's 16, up to 4 on AVX-512's 32): x's loads and the
+// tile's overhead shared by twice the rows of w, for rows of w up to kShortRows long (no gain measured on 4864)
+constexpr int NR_Q8_WIDE = 4;
+constexpr int64_t kShortRows = 2048;
 constexpr int MR_Q8 = 4;  // rows of x per tile: 2 x 4 accumulators; a row of w is unpacked once for 4 rows of x
 constexpr int RUN_Q8 = 32;
 
@@ -270,8 +272,9 @@ using TileQ8Fn = void (*)(const QuantizedRows&, const GroupQuantWeight&, const f
 #define HF_Q8_TABLE4(F, L) {HF_Q8_ROW(F, L, 1), HF_Q8_ROW(F, L, 2), HF_Q8_ROW(F, L, 3), HF_Q8_ROW(F, L, 4)}
 #define HF_Q8_TABLES(T, F) {T(F, kCodesI8), T(F, kCodesU4), T(F, kCodesU5)}
 
-static const TileQ8Fn kQ8Avx2[3][NR_Q8][MR_Q8] = HF_Q8_TABLES(HF_Q8_TABLE2, tile_q8_avx2);
-static const TileQ8Fn kQ8Vnni[3][NR_Q8_VNNI][MR_Q8] = HF_Q8_TABLES(HF_Q8_TABLE4, tile_q8_vnni);
+// (AVX2's tiles of 3-4 rows of w run for one row of x only: more would spill its 16 registers)
+static const TileQ8Fn kQ8Avx2[3][NR_Q8_WIDE][MR_Q8] = HF_Q8_TABLES(HF_Q8_TABLE4, tile_q8_avx2);
+static const TileQ8Fn kQ8Vnni[3][NR_Q8_WIDE][MR_Q8] = HF_Q8_TABLES(HF_Q8_TABLE4, tile_q8_vnni);
 
 }  // namespace
 
@@ -283,7 +286,7 @@ void skinny_gemm_gq_q8(const float* x, const GroupQuantWeight& w, const float* b
   const bool simd = isa >= kIsaAvx2;
   // AVX-512 asked for and VNNI present: the fused byte products (256-bit, so the same lanes and bits as AVX2)
   const bool vnni = simd && isa >= kIsaAvx512 && has_vnni256();
-  const int64_t nr_tile = vnni && K <= kShortRows ? NR_Q8_VNNI : NR_Q8;
+  const int64_t nr_tile = (vnni || M == 1) && K <= kShortRows ? NR_Q8_WIDE : NR_Q8;  // AVX2: 4 x 1 accumulators
   const auto tile = [&](int64_t nr, int64_t mr) {
     return vnni ? kQ8Vnni[w.layout][nr - 1][mr - 1] : kQ8Avx2[w.layout][nr - 1][mr - 1];
   };

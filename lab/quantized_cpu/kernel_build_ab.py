@@ -41,6 +41,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=6)
     p.add_argument("--rows", default="1,2,4,8")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--isa", type=int, default=csg.ISA_AUTO, help="1: AVX2 (-1: the CPU's best)")
     p.add_argument("--by-format", action="store_true", help="also a table per GGUF format and shape")
     args = p.parse_args()
     rows_list = [int(r) for r in args.rows.split(",")]
@@ -65,13 +66,13 @@ def main() -> int:
 
     def outputs(module, rows):
         csg._module = module
-        return [kernel_group_linear(xs[(rows, m.in_features)], m.packed, bias[m]) for m in mods]
+        return [kernel_group_linear(xs[(rows, m.in_features)], m.packed, bias[m], isa=args.isa) for m in mods]
 
     def seconds(module, rows):
         csg._module = module
         t0 = time.perf_counter()
         for m in mods:
-            kernel_group_linear(xs[(rows, m.in_features)], m.packed, bias[m])
+            kernel_group_linear(xs[(rows, m.in_features)], m.packed, bias[m], isa=args.isa)
         return time.perf_counter() - t0
 
     def format_of(m) -> str:
@@ -87,7 +88,7 @@ def main() -> int:
         for name, group in by_format.items():
             t0 = time.perf_counter()
             for m in group:
-                kernel_group_linear(xs[(rows, m.in_features)], m.packed, bias[m])
+                kernel_group_linear(xs[(rows, m.in_features)], m.packed, bias[m], isa=args.isa)
             out[name] = time.perf_counter() - t0
         return out
 
