@@ -183,10 +183,10 @@ void rows_scalar_q8(const QuantizedRows& xq, const GroupQuantWeight& w, const fl
 
 // ---------------------------------------------------------------------------------------------- AVX2
 
-// bit 4 of the codes of runs 2p and 2p + 1 of a U5 row, from their two 32-bit words of high bits (`pair`: run 2p's
-// word then run 2p + 1's, adjacent in memory): 0x10 in each byte whose code has it, in the paired order of the low
-// nibbles (`lo`: codes 0-15 of both runs) and of the high nibbles (`hi`: codes 16-31 of both)
-HF_AVX2 inline void bit4_of_pair(const uint32_t* pair, __m256i& lo, __m256i& hi) {
+// bit 4 of the codes of runs 2p and 2p + 1 of a U5 row set in lo and hi, from their two 32-bit words of high bits
+// (`pair`: run 2p's word then run 2p + 1's, adjacent in memory): 0x10 or-ed into each byte whose code has it, in the
+// paired order of the low nibbles (`lo`: codes 0-15 of both runs) and of the high nibbles (`hi`: codes 16-31 of both)
+HF_AVX2 inline void set_bit4_of_pair_avx2(const uint32_t* pair, __m256i& lo, __m256i& hi) {
   long long both;
   std::memcpy(&both, pair, sizeof both);
   const __m256i v = _mm256_set1_epi64x(both);  // bytes 0-3: run 2p's bits, 4-7: run 2p + 1's, in each 64-bit lane
@@ -199,8 +199,8 @@ HF_AVX2 inline void bit4_of_pair(const uint32_t* pair, __m256i& lo, __m256i& hi)
   const __m256i b4 = _mm256_set1_epi8(0x10);
   const __m256i l = _mm256_and_si256(_mm256_shuffle_epi8(v, lo_src), lane_bit);
   const __m256i h = _mm256_and_si256(_mm256_shuffle_epi8(v, hi_src), lane_bit);
-  lo = _mm256_and_si256(_mm256_cmpeq_epi8(l, lane_bit), b4);
-  hi = _mm256_and_si256(_mm256_cmpeq_epi8(h, lane_bit), b4);
+  lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(l, lane_bit), b4));
+  hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(h, lane_bit), b4));
 }
 
 // 0x10 in byte i where bit i of `bits` is set
@@ -213,7 +213,8 @@ HF_AVX2 inline __m256i bit4_of_bits(uint32_t bits) {
   return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
 }
 
-// the same two with AVX-512 BW / VL byte masks: bit i of a mask adds 0x10 to byte i (bit 4 of a nibble is clear)
+// set_bit4_of_pair_avx2 and bit4_of_bits with AVX-512 BW / VL byte masks: bit i of a mask adds 0x10 to byte i (bit
+// 4 of a nibble is clear)
 HF_VNNI256 inline void set_bit4_of_pair_avx512(const uint32_t* pair, __m256i& lo, __m256i& hi) {
   uint64_t both;  // run 2p's word in bits 0-31, run 2p + 1's in bits 32-63
   std::memcpy(&both, pair, sizeof both);
@@ -226,14 +227,6 @@ HF_VNNI256 inline void set_bit4_of_pair_avx512(const uint32_t* pair, __m256i& lo
 
 HF_VNNI256 inline __m256i set_bit4_avx512(__m256i v, uint32_t bits) {
   return _mm256_mask_add_epi8(v, static_cast<__mmask32>(bits), v, _mm256_set1_epi8(0x10));
-}
-
-// AVX2's: or the two vectors of bit4_of_pair into lo and hi
-HF_AVX2 inline void set_bit4_of_pair_avx2(const uint32_t* pair, __m256i& lo, __m256i& hi) {
-  __m256i lo4, hi4;
-  bit4_of_pair(pair, lo4, hi4);
-  lo = _mm256_or_si256(lo, lo4);
-  hi = _mm256_or_si256(hi, hi4);
 }
 
 // int32 sums of 4 products each: lanes 0-3 codes 0-15 of the 32 bytes' first half, lanes 4-7 the second half
@@ -287,13 +280,11 @@ void skinny_gemm_gq_q8(const float* x, const GroupQuantWeight& w, const float* b
   // AVX-512 asked for and VNNI present: the fused byte products (256-bit, so the same lanes and bits as AVX2)
   const bool vnni = simd && isa >= kIsaAvx512 && has_vnni256();
   const int64_t nr_tile = (vnni || M == 1) && K <= kShortRows ? NR_Q8_WIDE : NR_Q8;  // AVX2: 4 x 1 accumulators
-  const auto tile = [&](int64_t nr, int64_t mr) {
-    return vnni ? kQ8Vnni[w.layout][nr - 1][mr - 1] : kQ8Avx2[w.layout][nr - 1][mr - 1];
-  };
+  const TileQ8Fn(*table)[MR_Q8] = (vnni ? kQ8Vnni : kQ8Avx2)[w.layout];
   over_q_tiles(M, N, nr_tile, MR_Q8, nr_tile * K * std::max<int64_t>(M, 4) / 4,
                [&](int64_t n, int64_t nr, int64_t m, int64_t mr, int npf) {
                  if (simd)
-                   tile(nr, mr)(xq, w, bias, y, n, m, N, K, npf);
+                   table[nr - 1][mr - 1](xq, w, bias, y, n, m, N, K, npf);
                  else
                    rows_scalar_q8(xq, w, bias, y, n, nr, m, mr, N, K);
                });

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from hf_spec.kernels.group_quant import CodeLayout, GroupQuantWeight
+from hf_spec.kernels.group_quant_weight import CodeLayout, GroupQuantWeight
 
 Q = GGMLQuantizationType
 QK_K = 256

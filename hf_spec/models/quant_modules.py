@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hf_spec.kernels.group_quant import GroupQuantWeight, quantized_linear
+from hf_spec.kernels.group_quant import quantized_linear
+from hf_spec.kernels.group_quant_weight import GroupQuantWeight
 from hf_spec.kernels.rms_norm import rms_norm
 
 

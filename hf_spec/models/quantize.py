@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hf_spec.kernels.group_quant import CodeLayout, GroupQuantWeight
+from hf_spec.kernels.group_quant_weight import CodeLayout, GroupQuantWeight
 from hf_spec.kernels.rows_attention import ROWS_ATTENTION, use_rows_attention
 from hf_spec.models.downloads import MARKER
 from hf_spec.models.quant_modules import FusedRMSNorm, QuantizedEmbedding, QuantizedLinear, fuse_rms_norms

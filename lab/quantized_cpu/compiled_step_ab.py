@@ -2,10 +2,13 @@
 (inductor, static shapes), alternated 6 times in one process after the compile: whether compiling removes the
 Python and dispatch cost around hf-spec's kernels. A third side runs the compiled step with the quantized-linear
 operator's general path (a `GroupQuantWeight` built for each call) instead of its direct kernel call.
+`--profile` instead runs `torch.profiler` over 20 compiled steps after the compile and prints the self CPU time per
+operator and per inductor kernel, the top `--rows` rows: where a compiled step goes.
 
-    python lab/quantized_cpu/compiled_step_ab.py
+    python lab/quantized_cpu/compiled_step_ab.py [--profile [--rows 40]]
 """
 
+import argparse
 import statistics
 import sys
 import time
@@ -19,6 +22,10 @@ from transformers import StaticCache  # noqa: E402
 from hf_spec.kernels import group_quant  # noqa: E402
 from hf_spec.models.fetch import load_model  # noqa: E402
 
+p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+p.add_argument("--profile", action="store_true", help="profile compiled steps instead of the A/B")
+p.add_argument("--rows", type=int, default=40, help="rows of the profile's table")
+args = p.parse_args()
 torch.set_num_threads(2)
 torch.set_grad_enabled(False)
 model, tok = load_model("qwen2.5-coder-0.5b-instruct", dtype=torch.bfloat16, quantize="gguf")
@@ -46,6 +53,17 @@ def step_ms(fn, steps: int = 20) -> float:
 t0 = time.perf_counter()
 step_ms(compiled, 2)
 print(f"compile (prefill and decoding graphs): {time.perf_counter() - t0:.0f} s", flush=True)
+if args.profile:
+    print(f"step without the profiler: {step_ms(compiled):.1f} ms")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        ms = step_ms(compiled)
+    print(f"step under the profiler: {ms:.1f} ms (20 steps; times below are totals over them)")
+    print(
+        prof.key_averages().table(
+            sort_by="self_cpu_time_total", row_limit=args.rows, max_name_column_width=70
+        )
+    )
+    sys.exit(0)
 direct_call = group_quant._kernel_call
 
 

@@ -1,0 +1,238 @@
+"""Group-quantized weights: `W[n, k] = scale[n, g] * code[n, k] (+ min[n, g])`, `g = k // group_size`, the one
+layout every weight-only scheme hf-spec runs on a target is packed into (`GroupQuantWeight`), with its checks,
+packing and torch de-quantization. Their linear (hf-spec's kernel, the torch twin, the operator) is
+`hf_spec.kernels.group_quant`.
+
+GGUF's block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K: `hf_spec.models.gguf_blocks` repacks them)
+and the int8 / int4 weights hf-spec makes at load all land here. Codes are int8 (`CodeLayout.I8`), or unsigned
+4-bit (`U4`) / 5-bit (`U5`: 4-bit plus a bit plane) packed two a byte. Where a weight has mins, `scale * code` is
+exact in float32 (the packers see to it), so the kernel's fused multiply-add and `dequantize` give the same weight
+bits.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+RUN = 32  # codes per packed run (U4 / U5)
+ACTIVATION_RUN = 32  # inputs per int8 scale of x with `int8_activations`
+DEQUANTIZE_ROWS = 4096  # rows of a weight de-quantized at a time
+
+
+class CodeLayout(enum.IntEnum):
+    """How codes are stored (the values are the C++ `CodeLayout`)."""
+
+    I8 = 0  # int8, one a weight
+    U4 = 1  # unsigned 4-bit, two a byte: in each run of 32 codes byte i holds code i (low) and code i + 16 (high)
+    U5 = 2  # U4 plus an int32 a run whose bit i is bit 4 of code i
+
+
+@dataclass
+class GroupQuantWeight:
+    """A group-quantized `(out_features, in_features)` weight, on CPU.
+
+    `codes`: int8 `(out_features, in_features)` (I8) or uint8 `(out_features, in_features // 2)` (U4, U5);
+    `scale`, `min`: float32 `(out_features, in_features // group_size)` (`min` None where the format has none);
+    `high`: int32 `(out_features, in_features // 32)` (U5 only).
+
+    `int8_activations`: products with this weight quantize x first, each run of 32 inputs of a row to int8
+    (`quantize_activations`), and multiply integers (as llama.cpp computes its GGUF weights); `in_features` a
+    multiple of 32. Otherwise x is used as given, in float32."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    min: torch.Tensor | None
+    high: torch.Tensor | None
+    layout: CodeLayout
+    group_size: int
+    in_features: int
+    int8_activations: bool = False
+    # `int(layout)`, what the compiled operator is given: a plain int, which dynamo guards by value in C++, where
+    # the one enum member shared by every weight costs a Python identity guard per linear on each compiled call
+    layout_code: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.layout = CodeLayout(self.layout)
+        self.layout_code = int(self.layout)
+        n, k, g = self.scale.shape[0], self.in_features, self.group_size
+        step = 16 if self.layout is CodeLayout.I8 else RUN
+        if g < 1 or g % step or k % g:
+            raise ValueError(f"{self.layout.name} group size {g} must be a multiple of {step} dividing {k}")
+        width = k if self.layout is CodeLayout.I8 else k // 2
+        dtype = torch.int8 if self.layout is CodeLayout.I8 else torch.uint8
+        if self.codes.shape != (n, width) or self.codes.dtype != dtype:
+            raise ValueError(
+                f"codes must be {dtype} {(n, width)}, got {self.codes.dtype} {tuple(self.codes.shape)}"
+            )
+        for name, t in (("scale", self.scale), ("min", self.min)):
+            if t is not None and (t.shape != (n, k // g) or t.dtype != torch.float32):
+                raise ValueError(f"{name} must be float32 {(n, k // g)}, got {t.dtype} {tuple(t.shape)}")
+        if (self.high is not None) != (self.layout is CodeLayout.U5):
+            raise ValueError("high bits are given for U5 weights, and only for them")
+        if self.high is not None and (self.high.shape != (n, k // RUN) or self.high.dtype != torch.int32):
+            raise ValueError(
+                f"high must be int32 {(n, k // RUN)}, got {self.high.dtype} {tuple(self.high.shape)}"
+            )
+        if self.int8_activations and k % ACTIVATION_RUN:
+            raise ValueError(f"int8 activations need in_features divisible by {ACTIVATION_RUN}, got {k}")
+        for name in ("codes", "scale", "min", "high"):
+            t = getattr(self, name)
+            if t is not None:
+                setattr(self, name, t.contiguous())
+
+    @property
+    def out_features(self) -> int:
+        return int(self.scale.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the kernel reads for one product."""
+        return sum(
+            t.numel() * t.element_size()
+            for t in (self.codes, self.scale, self.min, self.high)
+            if t is not None
+        )
+
+    def kernel_plan(self) -> tuple:
+        """What a kernel call reads, worked out once: `(codes, high or 0, scale, min or 0)` addresses, then
+        `out_features, in_features, layout, group_size, int8_activations` (made again where the codes, the scales
+        or `int8_activations` were replaced: a weight's other fields come with its codes)."""
+        cached = self.__dict__.get("_plan")
+        key = cached[0] if cached is not None else None
+        if (
+            key is None
+            or key[0] is not self.codes
+            or key[1] is not self.scale
+            or key[2] is not self.int8_activations
+        ):
+            key = (self.codes, self.scale, self.int8_activations)
+            ptrs = tuple(
+                0 if t is None else t.data_ptr() for t in (self.codes, self.high, self.scale, self.min)
+            )
+            plan = (*ptrs, self.out_features, self.in_features, self.layout_code, self.group_size,
+                    self.int8_activations)  # fmt: skip
+            cached = self.__dict__["_plan"] = (key, plan)
+        return cached[1]
+
+    @classmethod
+    def unchecked(
+        cls,
+        codes: torch.Tensor,
+        scale: torch.Tensor,
+        min: torch.Tensor | None,
+        high: torch.Tensor | None,
+        layout: CodeLayout,
+        group_size: int,
+        in_features: int,
+        int8_activations: bool,
+    ) -> GroupQuantWeight:
+        """The weight of tensors a checked `GroupQuantWeight` already holds (the custom op's arguments), with the
+        shape checks the kernel's memory reads rely on but not the full ones: a compiled graph calls the op once a
+        linear a step. Tensors that do not fit go through the full checks (which raise)."""
+        n, k = scale.shape[0] if scale.dim() == 2 else -1, in_features
+        fits = (
+            codes.dim() == 2
+            and codes.shape[0] == n
+            and codes.shape[1] == (k if layout == CodeLayout.I8 else k // 2)
+            and codes.is_contiguous()
+            and scale.dtype is torch.float32
+            and scale.is_contiguous()
+            and group_size > 0
+            and scale.shape[1] * group_size == k
+            and (
+                min is None
+                or (min.shape == scale.shape and min.dtype is torch.float32 and min.is_contiguous())
+            )
+            and (high is None) == (layout == CodeLayout.U5)
+            and (high is None or (high.shape == (n, k // RUN) and high.is_contiguous()))
+        )
+        if not fits:
+            return cls(codes, scale, min, high, layout, group_size, in_features, int8_activations)
+        weight = object.__new__(cls)
+        weight.__dict__.update(
+            codes=codes, scale=scale, min=min, high=high, layout=layout, group_size=group_size,
+            in_features=in_features, int8_activations=int8_activations, layout_code=int(layout),
+        )  # fmt: skip
+        return weight
+
+    @classmethod
+    def from_codes(
+        cls,
+        codes: torch.Tensor,
+        scale: torch.Tensor,
+        min: torch.Tensor | None,
+        layout: CodeLayout,
+        group_size: int,
+    ) -> GroupQuantWeight:
+        """Pack integer `codes` `(out_features, in_features)` (I8: -128..127; U4: 0..15; U5: 0..31)."""
+        layout = CodeLayout(layout)
+        n, k = codes.shape
+        if layout is CodeLayout.I8:
+            return cls(codes.to(torch.int8), scale, min, None, layout, group_size, k)
+        if k % RUN:
+            raise ValueError(f"packed codes need in_features divisible by {RUN}, got {k}")
+        c = codes.to(torch.int32).view(n, k // RUN, RUN)
+        top = 15 if layout is CodeLayout.U4 else 31
+        if int(c.min()) < 0 or int(c.max()) > top:
+            raise ValueError(f"{layout.name} codes must lie in 0..{top}")
+        low = c & 15
+        packed = (low[..., :16] | (low[..., 16:] << 4)).to(torch.uint8).view(n, k // 2)
+        high = None
+        if layout is CodeLayout.U5:
+            word = ((c >> 4).to(torch.int64) << torch.arange(RUN, dtype=torch.int64)).sum(
+                -1
+            )  # bit i: code i's bit 4
+            high = torch.where(word >= 1 << 31, word - (1 << 32), word).to(torch.int32)  # the uint32's bits
+        return cls(packed, scale, min, high, layout, group_size, k)
+
+    def unpacked_codes(self, rows: torch.Tensor | slice = slice(None)) -> torch.Tensor:
+        """The integer codes of `rows`, int32 `(rows, in_features)`."""
+        codes = self.codes[rows]
+        if self.layout is CodeLayout.I8:
+            return codes.to(torch.int32)
+        n, k = codes.shape[0], self.in_features
+        b = codes.to(torch.int32).view(n, k // RUN, 16)
+        c = torch.cat([b & 15, b >> 4], dim=-1)
+        if self.layout is CodeLayout.U5:
+            h = self.high[rows].to(torch.int64)[..., None] >> torch.arange(RUN, dtype=torch.int64)
+            c = c | ((h & 1).to(torch.int32) << 4)
+        return c.reshape(n, k)
+
+    def dequantize(self, rows: torch.Tensor | slice | None = None) -> torch.Tensor:
+        """The weight's `rows` (all: None), float32 `(rows, in_features)`: `scale * code (+ min)`, bit for bit the
+        kernel's. The whole weight is made `DEQUANTIZE_ROWS` rows at a time (a bounded transient)."""
+        if rows is None:
+            out = torch.empty(self.out_features, self.in_features, dtype=torch.float32)
+            for start in range(0, self.out_features, DEQUANTIZE_ROWS):
+                part = slice(start, min(start + DEQUANTIZE_ROWS, self.out_features))
+                out[part] = self.dequantize(part)
+            return out
+        codes = self.unpacked_codes(rows).to(torch.float32)
+        n, groups = codes.shape[0], self.in_features // self.group_size
+        w = codes.view(n, groups, self.group_size) * self.scale[rows][..., None]
+        if self.min is not None:
+            w = w + self.min[rows][..., None]
+        return w.view(n, self.in_features)
+
+    def select_rows(self, index: torch.Tensor) -> GroupQuantWeight:
+        """The weight made of rows `index` (int64 `(rows,)`), in that order."""
+
+        def pick(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.index_select(0, index)
+
+        return GroupQuantWeight(
+            pick(self.codes),
+            pick(self.scale),
+            pick(self.min),
+            pick(self.high),
+            self.layout,
+            self.group_size,
+            self.in_features,
+            self.int8_activations,
+        )
+
+
+__all__ = ["ACTIVATION_RUN", "DEQUANTIZE_ROWS", "RUN", "CodeLayout", "GroupQuantWeight"]
