@@ -219,8 +219,9 @@ HF_VNNI256 inline void set_bit4_of_pair_avx512(const uint32_t* pair, __m256i& lo
   uint64_t both;  // run 2p's word in bits 0-31, run 2p + 1's in bits 32-63
   std::memcpy(&both, pair, sizeof both);
   const __m256i b4 = _mm256_set1_epi8(0x10);
-  const auto lo_mask = static_cast<__mmask32>((both & 0xFFFFu) | ((both >> 16) & 0xFFFF0000u));
-  const auto hi_mask = static_cast<__mmask32>(((both >> 16) & 0xFFFFu) | ((both >> 32) & 0xFFFF0000u));
+  // lo: bits 0-15 of each run's word (codes 0-15), hi: bits 16-31 (codes 16-31), one bit extraction each
+  const auto lo_mask = static_cast<__mmask32>(_pext_u64(both, 0x0000FFFF0000FFFFull));
+  const auto hi_mask = static_cast<__mmask32>(_pext_u64(both, 0xFFFF0000FFFF0000ull));
   lo = _mm256_mask_add_epi8(lo, lo_mask, lo, b4);
   hi = _mm256_mask_add_epi8(hi, hi_mask, hi, b4);
 }

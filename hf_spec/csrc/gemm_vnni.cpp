@@ -90,7 +90,7 @@ bool has_vnni() {
 }
 
 bool has_vnni256() {
-  static const bool vnni256 = has_vnni() && __builtin_cpu_supports("avx512vl");
+  static const bool vnni256 = has_vnni() && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("bmi2");
   return vnni256;
 }
 

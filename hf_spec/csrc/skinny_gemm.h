@@ -68,7 +68,7 @@ void select_within(const float* a, const float* floor, const float* ew, const fl
 // ------------------------------------------------------------------------------------------------ helpers
 #define HF_AVX2 __attribute__((target("avx2,fma")))
 #define HF_AVX512 __attribute__((target("avx512f,avx2,fma")))
-#define HF_VNNI256 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")))
+#define HF_VNNI256 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,bmi2")))
 
 HF_AVX2 inline __m128 hsum128_avx2(__m256 a) {
   return _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
