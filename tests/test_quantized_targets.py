@@ -93,6 +93,9 @@ def _weights(out_features: int, in_features: int) -> dict[str, GroupQuantWeight]
         "i8-32": GroupQuantWeight.from_codes(codes - 16, scale, None, CodeLayout.I8, 32),  # Q8_0's shape
         "u4-min": quantize_int4(w),
         "u5-min": GroupQuantWeight.from_codes(codes, scale, -16 * scale, CodeLayout.U5, 32),
+        # Q4_0's and Q5_0's shapes: the min -8 d / -16 d as a zero point, not stored
+        "u4-zp": GroupQuantWeight.from_codes(codes & 15, scale, None, CodeLayout.U4, 32, zero_point=8),
+        "u5-zp": GroupQuantWeight.from_codes(codes, scale, None, CodeLayout.U5, 32, zero_point=16),
     } | (
         {
             "u4-64": GroupQuantWeight.from_codes(
@@ -114,6 +117,7 @@ def _with_int8_activations(weight: GroupQuantWeight) -> GroupQuantWeight:
         weight.group_size,
         weight.in_features,
         int8_activations=True,
+        zero_point=weight.zero_point,
     )
 
 
@@ -156,6 +160,32 @@ def test_kernel_matches_its_torch_twin_and_gives_each_row_its_own_bits(isa, dtyp
             assert torch.equal(
                 yb, gq.kernel_group_linear(xb.float(), weight, bias, isa=isa).to(torch.bfloat16)
             )
+
+
+@pytest.mark.parametrize(
+    "isa", [cpu_skinny_gemm.ISA_AUTO, cpu_skinny_gemm.ISA_SCALAR], ids=["best", "scalar"]
+)
+def test_a_zero_point_gives_the_bits_of_its_stored_min(isa):
+    """Q5_0's `d * (q - 16)` kept as a zero point instead of a stored min `-16 d`: the same weight and, on both
+    kernels (int8 inputs read the zero point, float inputs a min made once), the same outputs, in fewer bytes."""
+    _kernel_or_skip(isa)
+    weights = _weights(13, 160)
+    stored, zero_point = weights["u5-min"], weights["u5-zp"]
+    assert torch.equal(zero_point.dequantize(), stored.dequantize())
+    assert zero_point.nbytes < stored.nbytes
+    x = torch.randn(5, 160, generator=torch.Generator().manual_seed(5))
+    for make in (lambda w: w, _with_int8_activations):
+        a, b = make(stored), make(zero_point)
+        assert torch.equal(gq.kernel_group_linear(x, b, isa=isa), gq.kernel_group_linear(x, a, isa=isa))
+        assert torch.equal(gq.reference_group_linear(x, b), gq.reference_group_linear(x, a))
+    with pytest.raises(ValueError, match="zero_point"):
+        GroupQuantWeight.from_codes(
+            torch.zeros(2, 64), torch.ones(2, 2), None, CodeLayout.U4, 32, zero_point=3
+        )
+    with pytest.raises(ValueError, match="zero_point"):
+        GroupQuantWeight.from_codes(
+            torch.zeros(2, 64), torch.ones(2, 2), torch.ones(2, 2), CodeLayout.U4, 32, 8
+        )
 
 
 def test_int8_activation_tiles_give_the_same_bits_on_every_instruction_set():

@@ -110,7 +110,8 @@ void quantize_rows(const float* x, const GroupQuantWeight& w, int64_t M, int64_t
   out.q.resize(M * K);
   out.d.resize(M * out.runs);
   out.dpair.resize(paired ? M * (out.runs / 2) * 8 : 0);
-  out.gsum.assign(w.min ? M * out.groups : 0, 0.f);
+  const bool mins = w.min || w.zero_point;
+  out.gsum.assign(mins ? M * out.groups : 0, 0.f);
   if (static_cast<int64_t>(out.half_group.size()) != K / 16 || out.group != w.group) {  // else the last call's
     out.half_group.resize(K / 16);
     for (int64_t h = 0; h < K / 16; ++h) out.half_group[h] = static_cast<int32_t>(h * 16 / w.group);
@@ -136,7 +137,7 @@ void quantize_rows(const float* x, const GroupQuantWeight& w, int64_t M, int64_t
       for (int64_t p = 0; p < out.runs / 2; ++p)
         for (int l = 0; l < 8; ++l) pm[8 * p + l] = dm[2 * p + l / 4];
     }
-    if (w.min) {  // sum of x' over each group, half runs in the order of the inputs (a group of 16 is half a run)
+    if (mins) {  // sum of x' over each group, half runs in the order of the inputs (a group of 16 is half a run)
       float* gm = out.gsum.data() + m * out.groups;
       for (int64_t h = 0; h < K / 16; ++h) gm[out.half_group[h]] += dm[h / 2] * static_cast<float>(halves[h]);
     }
@@ -175,8 +176,9 @@ void rows_scalar_q8(const QuantizedRows& xq, const GroupQuantWeight& w, const fl
         for (int64_t k = k0; k < k0 + 16; ++k) s += code_at(w, n, k, K) * q_at(xq, w, m, k);
         acc += w.scale[n * xq.groups + k0 / w.group] * xq.d[m * xq.runs + k0 / RUN_Q8] * static_cast<float>(s);
       }
-      if (w.min)
-        for (int64_t g = 0; g < xq.groups; ++g) acc += w.min[n * xq.groups + g] * xq.gsum[m * xq.groups + g];
+      for (int64_t g = 0; w.min && g < xq.groups; ++g) acc += w.min[n * xq.groups + g] * xq.gsum[m * xq.groups + g];
+      for (int64_t g = 0; w.zero_point && g < xq.groups; ++g)
+        acc += -static_cast<float>(w.zero_point) * w.scale[n * xq.groups + g] * xq.gsum[m * xq.groups + g];
       y[m * N + n] = acc + (bias ? bias[n] : 0.f);
     }
 }

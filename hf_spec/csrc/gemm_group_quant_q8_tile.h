@@ -82,15 +82,19 @@ HF_Q8_TARGET void HF_Q8_TILE(const QuantizedRows& xq, const GroupQuantWeight& w,
   for (int i = 0; i < NRT; ++i)
     for (int j = 0; j < MR; ++j) {
       float out = hsum_avx2(acc[i][j]);
-      if (w.min) {  // sum_g min[n, g] * gsum[m, g], 8 groups a step then the rest
-        const float* mn = w.min + (n + i) * groups;
+      if (w.min || w.zero_point) {  // sum_g min[n, g] * gsum[m, g], 8 groups a step then the rest
+        // a zero point's min -zp * scale is exact (zp a power of two): the same bits as a stored min
+        const float* mn = (w.min ? w.min : w.scale) + (n + i) * groups;
+        const float zp = w.min ? 1.f : -static_cast<float>(w.zero_point);
+        const __m256 zpv = _mm256_set1_ps(zp);
         const float* gs = xq.gsum.data() + (m + j) * groups;
         __m256 macc = _mm256_setzero_ps();
         int64_t g = 0;
         for (; g + 8 <= groups; g += 8)
-          macc = _mm256_fmadd_ps(_mm256_loadu_ps(mn + g), _mm256_loadu_ps(gs + g), macc);
+          macc = _mm256_fmadd_ps(_mm256_mul_ps(zpv, _mm256_loadu_ps(mn + g)), _mm256_loadu_ps(gs + g), macc);
         float tail = 0.f;
-        for (; g < groups; ++g) tail = std::fma(mn[g], gs[g], tail);  // fused in every build, whatever it vectorises
+        // fused in every build, whatever it vectorises
+        for (; g < groups; ++g) tail = std::fma(zp * mn[g], gs[g], tail);
         out += hsum_avx2(macc) + tail;
       }
       y[(m + j) * N + n + i] = out + (bias ? bias[n + i] : 0.f);

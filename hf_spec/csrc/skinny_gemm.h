@@ -44,6 +44,7 @@ void skinny_gemm_w8a8(const float* x, const int8_t* q, const int32_t* qsum, cons
 void skinny_gemm_bf16(const uint16_t* x, const uint16_t* w, const float* bias, float* y, int64_t M, int64_t N,
                       int64_t K, int isa);
 // group-quantized weights (gemm_group_quant.cpp): w[n, k] = scale[n, k / group] * code[n, k] (+ min[n, k / group])
+// (the float-input kernel takes stored mins only; the int8-input one also a zero point)
 enum CodeLayout : int { kCodesI8 = 0, kCodesU4 = 1, kCodesU5 = 2 };
 struct GroupQuantWeight {
   const void* codes;      // kCodesI8: int8 [N, K]; kCodesU4 / kCodesU5: uint8 [N, K / 2], 32-code runs
@@ -52,6 +53,7 @@ struct GroupQuantWeight {
   const float* min;       // [N, K / group], or null
   int layout;             // a CodeLayout
   int64_t group;          // inputs per scale: a multiple of 16 (kCodesI8) or 32 (packed), dividing K
+  int zero_point = 0;     // > 0 (a power of two, min null): min[n, g] = -zero_point * scale[n, g], exact, not stored
 };
 bool group_quant_valid(const GroupQuantWeight& w, int64_t K);
 // y = x @ w^T (+ bias), fp32 x, y and sums, w de-quantized in registers (gemm_group_quant.cpp)

@@ -22,6 +22,7 @@ from hf_spec.kernels.cpu_skinny_gemm import ISA_AUTO, ISA_AVX2
 from hf_spec.kernels.group_quant_weight import (  # the weight format, re-exported: callers import it from here too
     ACTIVATION_RUN,
     DEQUANTIZE_ROWS,
+    ZERO_POINTS,
     CodeLayout,
     GroupQuantWeight,
 )
@@ -77,7 +78,7 @@ def kernel_group_linear(
     mod = _kernel_for(isa)
     if mod is None:
         return None
-    return _launch(mod, x, plan[:4], n, plan[6], plan[7], plan[8], bias, isa)
+    return _launch(mod, x, plan[:4], n, plan[6], plan[7], plan[8], bias, isa, plan[9])
 
 
 def _takes(x: torch.Tensor) -> bool:
@@ -95,16 +96,16 @@ def _takes(x: torch.Tensor) -> bool:
 
 def _launch(
     mod, x: torch.Tensor, ptrs: tuple, n: int, layout: int, group_size: int, int8_activations: bool,
-    bias: torch.Tensor | None, isa: int,
+    bias: torch.Tensor | None, isa: int, zero_point: int = 0,
 ) -> torch.Tensor:  # fmt: skip
     """One kernel call: x `(..., K)` as `_takes` allows, the weight's `(codes, high, scale, min)` addresses (0 for
-    none), float32 bias `(n,)` or None -> `(..., n)` in x's dtype."""
+    none) and zero point (the int8-input kernel's only), float32 bias `(n,)` or None -> `(..., n)` in x's dtype."""
     k = x.shape[-1]
     y = x.new_empty((*x.shape[:-1], n))
     bf16 = x.dtype is torch.bfloat16
     (mod.gemm_gq_q8 if int8_activations else mod.gemm_gq)(
         x.data_ptr(), *ptrs, 0 if bias is None else bias.data_ptr(), y.data_ptr(), x.numel() // k, n, k, layout,
-        group_size, isa, bf16, bf16,
+        group_size, isa, bf16, bf16, zero_point,
     )  # fmt: skip
     return y
 
@@ -153,15 +154,16 @@ def _group_quant_linear(
     layout: int,
     group_size: int,
     int8_activations: bool = False,
+    zero_point: int = 0,
 ) -> torch.Tensor:
     """`group_linear` as a torch op: x `(..., in_features)`, the weight's tensors as `GroupQuantWeight` holds them;
     returns `(..., out_features)` in x's dtype."""
     # the common case straight to the kernel (a compiled decoding step calls this once a linear)
-    y = _kernel_call(x, codes, scale, min, high, bias, layout, group_size, int8_activations)
+    y = _kernel_call(x, codes, scale, min, high, bias, layout, group_size, int8_activations, zero_point)
     if y is not None:
         return y
     weight = GroupQuantWeight.unchecked(
-        codes, scale, min, high, CodeLayout(layout), group_size, x.shape[-1], int8_activations
+        codes, scale, min, high, CodeLayout(layout), group_size, x.shape[-1], int8_activations, zero_point
     )
     return group_linear(x, weight, bias)
 
@@ -176,10 +178,14 @@ def _kernel_call(
     layout: int,
     group_size: int,
     int8_activations: bool,
+    zero_point: int,
 ) -> torch.Tensor | None:
     """`kernel_group_linear` on the weight's tensors as given, without building a `GroupQuantWeight` and its plan
-    for the call; None where the kernel does not take x, for the caller's slower path."""
+    for the call; None where the kernel does not take x or the weight (a zero point without int8 inputs: the float
+    kernel reads stored mins), for the caller's slower path."""
     if not _takes(x) or (int8_activations and x.shape[-1] % ACTIVATION_RUN):
+        return None
+    if zero_point and not (int8_activations and zero_point in ZERO_POINTS and min is None):
         return None
     n = scale.shape[0]
     if bias is not None:
@@ -191,10 +197,12 @@ def _kernel_call(
     if mod is None:
         return None
     ptrs = tuple(0 if t is None else t.data_ptr() for t in (codes, high, scale, min))
-    return _launch(mod, x, ptrs, n, layout, group_size, int8_activations, bias, ISA_AUTO)
+    return _launch(mod, x, ptrs, n, layout, group_size, int8_activations, bias, ISA_AUTO, zero_point)
 
 
-def _group_quant_linear_fake(x, codes, scale, min, high, bias, layout, group_size, int8_activations=False):
+def _group_quant_linear_fake(
+    x, codes, scale, min, high, bias, layout, group_size, int8_activations=False, zero_point=0
+):
     return x.new_empty((*x.shape[:-1], scale.shape[0]))
 
 
@@ -217,6 +225,7 @@ def quantized_linear(
             weight.layout_code,
             weight.group_size,
             weight.int8_activations,
+            weight.zero_point,
         )
     return group_linear(x, weight, bias)
 

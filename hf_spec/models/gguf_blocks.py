@@ -17,6 +17,7 @@ codes q; the scales and mins are computed in float32 exactly as gguf's reference
 | Q6_K   | int8 q - 32     | 16    | d * sc         | none           |
 
 (d, dmin, m: the block's float16 values widened; sc, m of the K formats: their 6-bit / int8 sub-block values.)
+Q4_0's and Q5_0's mins are not stored: the weight's `zero_point` (8, 16) stands for them.
 Wherever a min is added, `scale * q` is exact in float32 (at most 22 significant bits), so one rounding happens,
 as in the reference.
 """
@@ -61,18 +62,18 @@ def _k_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _decode(b: np.ndarray, qtype: GGMLQuantizationType):
     """Blocks `(blocks, bytes)` -> codes `(blocks, block_size)`, scale and min `(blocks, groups)` (min None),
-    layout, group size."""
+    layout, group size, zero point (Q4_0 / Q5_0: their min `-z d` is not stored)."""
     n = b.shape[0]
     if qtype == Q.Q8_0:
-        return b[:, 2:].view(np.int8), _f16(b[:, :2]), None, CodeLayout.I8, 32
+        return b[:, 2:].view(np.int8), _f16(b[:, :2]), None, CodeLayout.I8, 32, 0
     if qtype in (Q.Q4_0, Q.Q4_1):
         d = _f16(b[:, :2])
-        m = -8 * d if qtype == Q.Q4_0 else _f16(b[:, 2:4])
-        return _nibbles(b[:, -16:]), d, m, CodeLayout.U4, 32
+        m, z = (None, 8) if qtype == Q.Q4_0 else (_f16(b[:, 2:4]), 0)
+        return _nibbles(b[:, -16:]), d, m, CodeLayout.U4, 32, z
     if qtype in (Q.Q5_0, Q.Q5_1):
         d = _f16(b[:, :2])
-        m, qh = (-16 * d, b[:, 2:6]) if qtype == Q.Q5_0 else (_f16(b[:, 2:4]), b[:, 4:8])
-        return _nibbles(b[:, -16:]) | (_bits(qh) << 4), d, m, CodeLayout.U5, 32
+        m, z, qh = (None, 16, b[:, 2:6]) if qtype == Q.Q5_0 else (_f16(b[:, 2:4]), 0, b[:, 4:8])
+        return _nibbles(b[:, -16:]) | (_bits(qh) << 4), d, m, CodeLayout.U5, 32, z
     if qtype in (Q.Q4_K, Q.Q5_K):
         d, dmin = _f16(b[:, :2]), _f16(b[:, 2:4])
         sc, mn = _k_scale_min(b[:, 4:16])
@@ -83,13 +84,20 @@ def _decode(b: np.ndarray, qtype: GGMLQuantizationType):
             qh = b[:, 16:48].reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
             codes = codes | ((qh & 1) << 4)
             layout = CodeLayout.U5
-        return codes.reshape(n, QK_K), d * sc.astype(np.float32), -(dmin * mn.astype(np.float32)), layout, 32
+        return (
+            codes.reshape(n, QK_K),
+            d * sc.astype(np.float32),
+            -(dmin * mn.astype(np.float32)),
+            layout,
+            32,
+            0,
+        )
     if qtype == Q.Q6_K:
         ql = b[:, :128].reshape(n, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
         qh = b[:, 128:192].reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
         q = ((ql & 15).reshape(n, 8, 32) | ((qh & 3).reshape(n, 8, 32) << 4)).astype(np.int8) - np.int8(32)
         scale = _f16(b[:, 208:210]) * b[:, 192:208].view(np.int8).astype(np.float32)
-        return q.reshape(n, QK_K), scale, None, CodeLayout.I8, 16
+        return q.reshape(n, QK_K), scale, None, CodeLayout.I8, 16, 0
     raise NotImplementedError(f"GGUF {qtype.name} blocks are not supported (supported: {supported_names()})")
 
 
@@ -110,7 +118,7 @@ def repack(data: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, int]
     if in_features % block or data.size != out_features * in_features // block * size:
         raise ValueError(f"{qtype.name} data of {data.size} bytes does not hold a {shape} weight")
     blocks = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1, size)
-    codes, scale, mins, layout, group = _decode(blocks, qtype)
+    codes, scale, mins, layout, group, zero_point = _decode(blocks, qtype)
     groups = in_features // group
 
     def rows(a: np.ndarray | None) -> torch.Tensor | None:
@@ -121,7 +129,7 @@ def repack(data: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, int]
         )
 
     codes_t = torch.from_numpy(np.ascontiguousarray(codes)).view(out_features, in_features)
-    return GroupQuantWeight.from_codes(codes_t, rows(scale), rows(mins), layout, group)
+    return GroupQuantWeight.from_codes(codes_t, rows(scale), rows(mins), layout, group, zero_point)
 
 
 __all__ = ["SUPPORTED", "repack", "supported_names"]

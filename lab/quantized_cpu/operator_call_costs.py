@@ -62,6 +62,7 @@ for _ in range(3):
                 int(W(m).layout),
                 W(m).group_size,
                 W(m).int8_activations,
+                W(m).zero_point,
             )
         ),
         "custom_op",
@@ -76,6 +77,7 @@ for _ in range(3):
                 int(W(m).layout),
                 W(m).group_size,
                 W(m).int8_activations,
+                W(m).zero_point,
             )
         ),
         "handle op",
