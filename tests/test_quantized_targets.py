@@ -279,6 +279,33 @@ def test_custom_op_traces_without_graph_breaks():
     assert not torch.equal(q8(x), plain(x))  # the inputs were rounded
 
 
+def test_a_quantized_linear_prepares_its_kernel_call_again_when_its_weight_or_bias_changes():
+    """The module keeps its kernel call prepared (plan, float32 bias) between calls: a bias changed in place, a new
+    bias or a new packed weight must reach the next call, not the prepared one."""
+    _kernel_or_skip()
+    weights = _weights(8, 64)
+    module = QuantizedLinear(
+        _with_int8_activations(weights["u5-zp"]), torch.randn(8), "gguf Q5_0", torch.bfloat16
+    )
+    x = torch.randn(2, 64).to(torch.bfloat16)
+
+    def expected() -> torch.Tensor:
+        return gq.group_linear(x, module.packed, module.bias)
+
+    assert torch.equal(module(x), expected())
+    with torch.no_grad():
+        module.bias.add_(1.0)
+    assert torch.equal(module(x), expected())
+    module.bias = torch.nn.Parameter(torch.randn(8), requires_grad=False)
+    assert torch.equal(module(x), expected())
+    module.packed = _with_int8_activations(weights["u4-zp"])
+    assert torch.equal(module(x), expected())
+    module.packed.int8_activations = False
+    assert torch.equal(module(x), expected())
+    empty = module(x[:0])  # no row: the general path
+    assert empty.shape == (0, 8) and empty.dtype == torch.bfloat16
+
+
 def test_the_operator_gives_group_linear_on_every_path(monkeypatch):
     _kernel_or_skip()
     weight = _with_int8_activations(_weights(8, 64)["u5-min"])

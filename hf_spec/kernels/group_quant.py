@@ -14,6 +14,8 @@ function up to the order of float32 sums. `group_quant_linear` is the torch oper
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -108,6 +110,46 @@ def _launch(
         group_size, isa, bf16, bf16, zero_point,
     )  # fmt: skip
     return y
+
+
+def prepared_kernel_linear(
+    weight: GroupQuantWeight, bias: torch.Tensor | None = None
+) -> Callable[[torch.Tensor], torch.Tensor | None] | None:
+    """`kernel_group_linear(x, weight, bias)` as a function of x alone, with everything else worked out once (the
+    loaded kernel, the weight's plan, a float32 copy of the bias): what an eager decoding step pays once a linear
+    comes down to the checks on x and the call. None where no kernel is loaded; the function returns None where the
+    kernel does not take x. It holds what it read: the caller prepares again when the weight or the bias changes
+    (`QuantizedLinear` does)."""
+    mod = _kernel_for(ISA_AUTO)
+    if mod is None:
+        return None
+    plan = weight.kernel_plan()
+    ptrs, n, k, layout, group, int8_activations, zero_point = plan[:4], *plan[4:]
+    b32 = None if bias is None else bias.detach().to(torch.float32).contiguous()
+    gemm = mod.gemm_gq_q8 if int8_activations else mod.gemm_gq
+    bias_ptr = 0 if b32 is None else b32.data_ptr()
+    bf16, f32 = torch.bfloat16, torch.float32
+
+    def call(x: torch.Tensor) -> torch.Tensor | None:
+        dtype = x.dtype
+        if (
+            (dtype is not bf16 and dtype is not f32)
+            or not x.is_cpu
+            or not x.is_contiguous()
+            or x.dim() == 0
+            or x.shape[-1] != k
+            or x.numel() == 0
+            or (x.requires_grad and torch.is_grad_enabled())
+        ):
+            return None
+        y = x.new_empty((*x.shape[:-1], n))
+        half = dtype is bf16
+        gemm(x.data_ptr(), *ptrs, bias_ptr, y.data_ptr(), x.numel() // k, n, k, layout, group, ISA_AUTO, half,
+             half, zero_point)  # fmt: skip
+        return y
+
+    call.holds = (weight, plan, b32)  # what the addresses point into, kept alive with the function
+    return call
 
 
 def reference_group_linear(
@@ -237,6 +279,7 @@ __all__ = [
     "group_linear",
     "group_quant_linear",
     "kernel_group_linear",
+    "prepared_kernel_linear",
     "quantize_activations",
     "quantized_linear",
     "reference_group_linear",

@@ -10,12 +10,17 @@ de-quantized weight in the model's dtype, made on first read and kept.
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
-from hf_spec.kernels.group_quant import quantized_linear
+from hf_spec.kernels.group_quant import prepared_kernel_linear, quantized_linear
 from hf_spec.kernels.group_quant_weight import GroupQuantWeight
 from hf_spec.kernels.rms_norm import rms_norm
+
+# set, the kernels may be switched off (`HF_SPEC_NO_CPP_KERNELS`): every call then asks, through the general path
+KERNELS_SWITCH = "HF_SPEC_NO_CPP_KERNELS"
 
 
 class _Packed(nn.Module):
@@ -61,7 +66,32 @@ class QuantizedLinear(_Packed):
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.compiler.is_compiling() and KERNELS_SWITCH not in os.environ:
+            call = self._prepared()
+            y = None if call is None else call(x)
+            if y is not None:
+                return y
         return quantized_linear(x, self.packed, self.bias)
+
+    def _prepared(self):
+        """The kernel call for this weight and bias, prepared once (`prepared_kernel_linear`) and again where the
+        packed weight, its codes or scales, its int8-activation setting or the bias (object or contents) changed."""
+        packed, bias = self.packed, self.bias
+        version = None if bias is None else bias._version
+        held = self.__dict__.get("_call")
+        if (
+            held is None
+            or held[0] is not packed
+            or held[1] is not packed.codes
+            or held[2] is not packed.scale
+            or held[3] != packed.int8_activations
+            or held[4] is not bias
+            or held[5] != version
+        ):
+            call = prepared_kernel_linear(packed, bias)
+            held = (packed, packed.codes, packed.scale, packed.int8_activations, bias, version, call)
+            self.__dict__["_call"] = held
+        return held[6]
 
     def extra_repr(self) -> str:
         return (
