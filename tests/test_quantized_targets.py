@@ -96,6 +96,12 @@ def _weights(out_features: int, in_features: int) -> dict[str, GroupQuantWeight]
         # Q4_0's and Q5_0's shapes: the min -8 d / -16 d as a zero point, not stored
         "u4-zp": GroupQuantWeight.from_codes(codes & 15, scale, None, CodeLayout.U4, 32, zero_point=8),
         "u5-zp": GroupQuantWeight.from_codes(codes, scale, None, CodeLayout.U5, 32, zero_point=16),
+        # float16 scales (GGUF's d of Q8_0, Q4_0, Q5_0), read as they are
+        "i8-32-f16": GroupQuantWeight.from_codes(codes - 16, scale.half(), None, CodeLayout.I8, 32),
+        "u5-zp-f16": GroupQuantWeight.from_codes(codes, scale.half(), None, CodeLayout.U5, 32, zero_point=16),
+        "u4-zp-f16": GroupQuantWeight.from_codes(
+            codes & 15, scale.half(), None, CodeLayout.U4, 32, zero_point=8
+        ),
     } | (
         {
             "u4-64": GroupQuantWeight.from_codes(
@@ -185,6 +191,35 @@ def test_a_zero_point_gives_the_bits_of_its_stored_min(isa):
     with pytest.raises(ValueError, match="zero_point"):
         GroupQuantWeight.from_codes(
             torch.zeros(2, 64), torch.ones(2, 2), torch.ones(2, 2), CodeLayout.U4, 32, 8
+        )
+
+
+@pytest.mark.parametrize(
+    "isa", [cpu_skinny_gemm.ISA_AUTO, cpu_skinny_gemm.ISA_SCALAR], ids=["best", "scalar"]
+)
+def test_float16_scales_give_the_bits_of_their_float32_values(isa):
+    """GGUF's float16 d kept as float16 scales (half the scale bytes): the same weight and the same outputs as the
+    same values widened to float32, on both kernels (int8 inputs read them, float inputs get widened ones)."""
+    _kernel_or_skip(isa)
+    weights = _weights(13, 160)
+    x = torch.randn(5, 160, generator=torch.Generator().manual_seed(5))
+    for name in ("i8-32-f16", "u5-zp-f16", "u4-zp-f16"):
+        half = weights[name]
+        wide = GroupQuantWeight(
+            half.codes, half.scale.float(), None, half.high, half.layout, 32, 160, zero_point=half.zero_point
+        )
+        assert torch.equal(half.dequantize(), wide.dequantize()), name
+        assert half.nbytes < wide.nbytes
+        for make in (lambda w: w, _with_int8_activations):
+            a, b = make(wide), make(half)
+            assert torch.equal(
+                gq.kernel_group_linear(x, b, isa=isa), gq.kernel_group_linear(x, a, isa=isa)
+            ), name
+    with pytest.raises(ValueError, match="float16 scales"):
+        GroupQuantWeight.from_codes(torch.zeros(2, 64), torch.ones(2, 1).half(), None, CodeLayout.U4, 64)
+    with pytest.raises(ValueError, match="float16 scales"):
+        GroupQuantWeight.from_codes(
+            torch.zeros(2, 64), torch.ones(2, 2).half(), torch.ones(2, 2), CodeLayout.U4, 32
         )
 
 

@@ -133,7 +133,8 @@ static const TileFn kAvx512[4][6] = HF_TABLE(tile_avx512);
 int detect_isa() {
   __builtin_cpu_init();  // libgcc's checks include the OS saving the AVX / AVX-512 registers (XGETBV)
   if (__builtin_cpu_supports("avx512f")) return kIsaAvx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return kIsaAvx2;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    return kIsaAvx2;
   return kIsaScalar;
 }
 

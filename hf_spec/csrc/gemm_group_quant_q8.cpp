@@ -157,6 +157,9 @@ inline int32_t code_at(const GroupQuantWeight& w, int64_t n, int64_t k, int64_t 
   return c;
 }
 
+// scale j of w, float32 or float16
+inline float scale_at(const GroupQuantWeight& w, int64_t j) { return w.scale16 ? half_to_float(w.scale16[j]) : w.scale[j]; }
+
 // q of input k of row m (undoing the pairing)
 inline int32_t q_at(const QuantizedRows& xq, const GroupQuantWeight& w, int64_t m, int64_t k) {
   const int64_t r = k / RUN_Q8, i = k % RUN_Q8;
@@ -174,11 +177,11 @@ void rows_scalar_q8(const QuantizedRows& xq, const GroupQuantWeight& w, const fl
       for (int64_t k0 = 0; k0 < K; k0 += 16) {  // half runs: a scale covers at least 16 inputs
         int32_t s = 0;
         for (int64_t k = k0; k < k0 + 16; ++k) s += code_at(w, n, k, K) * q_at(xq, w, m, k);
-        acc += w.scale[n * xq.groups + k0 / w.group] * xq.d[m * xq.runs + k0 / RUN_Q8] * static_cast<float>(s);
+        acc += scale_at(w, n * xq.groups + k0 / w.group) * xq.d[m * xq.runs + k0 / RUN_Q8] * static_cast<float>(s);
       }
       for (int64_t g = 0; w.min && g < xq.groups; ++g) acc += w.min[n * xq.groups + g] * xq.gsum[m * xq.groups + g];
       for (int64_t g = 0; w.zero_point && g < xq.groups; ++g)
-        acc += -static_cast<float>(w.zero_point) * w.scale[n * xq.groups + g] * xq.gsum[m * xq.groups + g];
+        acc += -static_cast<float>(w.zero_point) * scale_at(w, n * xq.groups + g) * xq.gsum[m * xq.groups + g];
       y[m * N + n] = acc + (bias ? bias[n] : 0.f);
     }
 }
@@ -263,14 +266,21 @@ HF_AVX2 inline __m256 halves(float a, float b) { return _mm256_set_m128(_mm_set1
 using TileQ8Fn = void (*)(const QuantizedRows&, const GroupQuantWeight&, const float*, float*, int64_t, int64_t,
                           int64_t, int64_t, int);
 
-#define HF_Q8_ROW(F, L, NRT) {F<L, NRT, 1>, F<L, NRT, 2>, F<L, NRT, 3>, F<L, NRT, 4>}
+#define HF_Q8_ROW(F, L, NRT) {F<L, NRT, 1, H>, F<L, NRT, 2, H>, F<L, NRT, 3, H>, F<L, NRT, 4, H>}
 #define HF_Q8_TABLE2(F, L) {HF_Q8_ROW(F, L, 1), HF_Q8_ROW(F, L, 2)}
 #define HF_Q8_TABLE4(F, L) {HF_Q8_ROW(F, L, 1), HF_Q8_ROW(F, L, 2), HF_Q8_ROW(F, L, 3), HF_Q8_ROW(F, L, 4)}
 #define HF_Q8_TABLES(T, F) {T(F, kCodesI8), T(F, kCodesU4), T(F, kCodesU5)}
 
 // (AVX2's tiles of 3-4 rows of w run for one row of x only: more would spill its 16 registers)
-static const TileQ8Fn kQ8Avx2[3][NR_Q8_WIDE][MR_Q8] = HF_Q8_TABLES(HF_Q8_TABLE4, tile_q8_avx2);
-static const TileQ8Fn kQ8Vnni[3][NR_Q8_WIDE][MR_Q8] = HF_Q8_TABLES(HF_Q8_TABLE4, tile_q8_vnni);
+// [float16 scales][layout][rows of w - 1][rows of x - 1]
+#define H false
+static const TileQ8Fn kQ8Avx2F32[3][NR_Q8_WIDE][MR_Q8] = HF_Q8_TABLES(HF_Q8_TABLE4, tile_q8_avx2);
+static const TileQ8Fn kQ8VnniF32[3][NR_Q8_WIDE][MR_Q8] = HF_Q8_TABLES(HF_Q8_TABLE4, tile_q8_vnni);
+#undef H
+#define H true
+static const TileQ8Fn kQ8Avx2F16[3][NR_Q8_WIDE][MR_Q8] = HF_Q8_TABLES(HF_Q8_TABLE4, tile_q8_avx2);
+static const TileQ8Fn kQ8VnniF16[3][NR_Q8_WIDE][MR_Q8] = HF_Q8_TABLES(HF_Q8_TABLE4, tile_q8_vnni);
+#undef H
 
 }  // namespace
 
@@ -283,7 +293,8 @@ void skinny_gemm_gq_q8(const float* x, const GroupQuantWeight& w, const float* b
   // AVX-512 asked for and VNNI present: the fused byte products (256-bit, so the same lanes and bits as AVX2)
   const bool vnni = simd && isa >= kIsaAvx512 && has_vnni256();
   const int64_t nr_tile = (vnni || M == 1) && K <= kShortRows ? NR_Q8_WIDE : NR_Q8;  // AVX2: 4 x 1 accumulators
-  const TileQ8Fn(*table)[MR_Q8] = (vnni ? kQ8Vnni : kQ8Avx2)[w.layout];
+  const bool f16 = w.scale16 != nullptr;
+  const TileQ8Fn(*table)[MR_Q8] = (vnni ? (f16 ? kQ8VnniF16 : kQ8VnniF32) : (f16 ? kQ8Avx2F16 : kQ8Avx2F32))[w.layout];
   over_q_tiles(M, N, nr_tile, MR_Q8, nr_tile * K * std::max<int64_t>(M, 4) / 4,
                [&](int64_t n, int64_t nr, int64_t m, int64_t mr, int npf) {
                  if (simd)

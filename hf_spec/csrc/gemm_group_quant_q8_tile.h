@@ -6,14 +6,16 @@
 //
 // A tile: rows [n, n + NRT) of w against rows [m, m + MR) of x (quantized), fp32 lanes summed over runs in order.
 
-template <int LAYOUT, int NRT, int MR>
+template <int LAYOUT, int NRT, int MR, bool SF16>
 HF_Q8_TARGET void HF_Q8_TILE(const QuantizedRows& xq, const GroupQuantWeight& w, const float* bias, float* __restrict y,
                           int64_t n, int64_t m, int64_t N, int64_t K, int npf) {
   const int64_t groups = xq.groups, runs = xq.runs;
   const int32_t* hg = xq.half_group.data();  // hg[k / 16]: the scale's group of input k
   const int64_t row_bytes = LAYOUT == kCodesI8 ? K : K / 2;
   const uint8_t* codes = static_cast<const uint8_t*>(w.codes) + n * row_bytes;
-  const float* scale = w.scale + n * groups;
+  // float32 scales, or (SF16) float16 ones with groups of 32: scale j of row i is run j's
+  const float* scale = SF16 ? nullptr : w.scale + n * groups;
+  const uint16_t* scale16 = SF16 ? w.scale16 + n * groups : nullptr;
   const uint32_t* high = LAYOUT == kCodesU5 ? w.high + n * runs : nullptr;
   const int8_t* q = xq.q.data() + m * K;
   const float* d = xq.d.data() + m * runs;
@@ -32,7 +34,8 @@ HF_Q8_TARGET void HF_Q8_TILE(const QuantizedRows& xq, const GroupQuantWeight& w,
       for (int i = 0; i < NRT; ++i) {
         const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i * row_bytes + k));
         const __m256i ac = _mm256_sign_epi8(c, c);  // |code| as uint8 (-128 -> 128)
-        const __m256 s = halves(scale[i * groups + hg[k / 16]], scale[i * groups + hg[k / 16 + 1]]);
+        const __m256 s = SF16 ? _mm256_set1_ps(_cvtsh_ss(scale16[i * groups + r]))
+                              : halves(scale[i * groups + hg[k / 16]], scale[i * groups + hg[k / 16 + 1]]);
         for (int j = 0; j < MR; ++j) {
           const __m256i sums = HF_Q8_DOT4(ac, _mm256_sign_epi8(qx[j], c));
           acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(s, _mm256_set1_ps(d[j * runs + r])),
@@ -53,7 +56,15 @@ HF_Q8_TARGET void HF_Q8_TILE(const QuantizedRows& xq, const GroupQuantWeight& w,
         __m256i lo = _mm256_and_si256(raw, low4);                         // codes 0-15 of runs 2p, 2p + 1
         __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);  // codes 16-31 of both
         if (LAYOUT == kCodesU5) HF_Q8_SET_BIT4_OF_PAIR(high + i * runs + 2 * p, lo, hi);
-        const __m256 s = halves(scale[i * groups + hg[k / 16]], scale[i * groups + hg[k / 16 + 2]]);
+        __m256 s;
+        if constexpr (SF16) {  // runs 2p and 2p + 1's scales, adjacent: [a x 4 | b x 4]
+          int32_t pair;
+          std::memcpy(&pair, scale16 + i * groups + 2 * p, sizeof pair);
+          s = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi32_si128(pair))),
+                                       _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+        } else {
+          s = halves(scale[i * groups + hg[k / 16]], scale[i * groups + hg[k / 16 + 2]]);
+        }
         for (int j = 0; j < MR; ++j) {
           const __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j * K + k));
           const __m256i qb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j * K + k + 32));
@@ -70,7 +81,7 @@ HF_Q8_TARGET void HF_Q8_TILE(const QuantizedRows& xq, const GroupQuantWeight& w,
         const __m128i l4 = _mm_set1_epi8(0x0F);
         __m256i c = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), l4), _mm_and_si128(raw, l4));
         if (LAYOUT == kCodesU5) c = HF_Q8_SET_BIT4(c, high[i * runs + r]);
-        const float sr = scale[i * groups + hg[k / 16]];
+        const float sr = SF16 ? _cvtsh_ss(scale16[i * groups + r]) : scale[i * groups + hg[k / 16]];
         for (int j = 0; j < MR; ++j) {
           const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j * K + k));
           const __m256 sd = _mm256_set1_ps(sr * d[j * runs + r]);
@@ -84,17 +95,21 @@ HF_Q8_TARGET void HF_Q8_TILE(const QuantizedRows& xq, const GroupQuantWeight& w,
       float out = hsum_avx2(acc[i][j]);
       if (w.min || w.zero_point) {  // sum_g min[n, g] * gsum[m, g], 8 groups a step then the rest
         // a zero point's min -zp * scale is exact (zp a power of two): the same bits as a stored min
-        const float* mn = (w.min ? w.min : w.scale) + (n + i) * groups;
+        const float* mn = w.min ? w.min + (n + i) * groups : (SF16 ? nullptr : scale + i * groups);
+        const uint16_t* mn16 = SF16 ? scale16 + i * groups : nullptr;
         const float zp = w.min ? 1.f : -static_cast<float>(w.zero_point);
         const __m256 zpv = _mm256_set1_ps(zp);
         const float* gs = xq.gsum.data() + (m + j) * groups;
         __m256 macc = _mm256_setzero_ps();
         int64_t g = 0;
-        for (; g + 8 <= groups; g += 8)
-          macc = _mm256_fmadd_ps(_mm256_mul_ps(zpv, _mm256_loadu_ps(mn + g)), _mm256_loadu_ps(gs + g), macc);
+        for (; g + 8 <= groups; g += 8) {
+          const __m256 v = SF16 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mn16 + g)))
+                                : _mm256_loadu_ps(mn + g);
+          macc = _mm256_fmadd_ps(_mm256_mul_ps(zpv, v), _mm256_loadu_ps(gs + g), macc);
+        }
         float tail = 0.f;
         // fused in every build, whatever it vectorises
-        for (; g < groups; ++g) tail = std::fma(zp * mn[g], gs[g], tail);
+        for (; g < groups; ++g) tail = std::fma(zp * (SF16 ? _cvtsh_ss(mn16[g]) : mn[g]), gs[g], tail);
         out += hsum_avx2(macc) + tail;
       }
       y[(m + j) * N + n + i] = out + (bias ? bias[n + i] : 0.f);

@@ -140,23 +140,27 @@ inline uint16_t f32_to_bf16(float f) {
 constexpr int64_t kGqChunkRows = 64;  // rows a kernel call takes: their x stays in the cache while W streams by
 
 // (x_ptr, codes_ptr, high_ptr_or_0, scale_ptr, min_ptr_or_0, bias_ptr_or_0, y_ptr, M, N, K, layout, group, isa,
-// x_bf16, y_bf16, zero_point): `skinny_gemm_gq` (float x) or, with `int8_x`, `skinny_gemm_gq_q8`, without the GIL, on
-// `kGqChunkRows` rows at a time; x and y are float32, or bfloat16 where `x_bf16` / `y_bf16` (widened into and
+// x_bf16, y_bf16, zero_point, scale_f16): `skinny_gemm_gq` (float x) or, with `int8_x`, `skinny_gemm_gq_q8`, without
+// the GIL, on `kGqChunkRows` rows at a time (`scale_f16`: scale_ptr points to float16 scales); x and y are float32, or bfloat16 where `x_bf16` / `y_bf16` (widened into and
 // rounded from float32 buffers, as torch's `.float()` and `.to(torch.bfloat16)` do)
 PyObject* run_gemm_gq(PyObject* args, bool int8_x) {
   const char* name = int8_x ? "gemm_gq_q8" : "gemm_gq";
   unsigned long long p[7];
   long long M, N, K, group;
-  int layout, isa, x_bf16, y_bf16, zero_point;
-  if (!PyArg_ParseTuple(args, "KKKKKKKLLLiLiiii", &p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &p[6], &M, &N, &K,
-                        &layout, &group, &isa, &x_bf16, &y_bf16, &zero_point))
+  int layout, isa, x_bf16, y_bf16, zero_point, scale_f16;
+  if (!PyArg_ParseTuple(args, "KKKKKKKLLLiLiiiii", &p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &p[6], &M, &N, &K,
+                        &layout, &group, &isa, &x_bf16, &y_bf16, &zero_point, &scale_f16))
     return nullptr;
-  const GroupQuantWeight w{reinterpret_cast<const void*>(p[1]), reinterpret_cast<const uint32_t*>(p[2]),
-                           reinterpret_cast<const float*>(p[3]), reinterpret_cast<const float*>(p[4]), layout, group,
-                           zero_point};
+  GroupQuantWeight w{reinterpret_cast<const void*>(p[1]), reinterpret_cast<const uint32_t*>(p[2]),
+                     reinterpret_cast<const float*>(p[3]), reinterpret_cast<const float*>(p[4]), layout, group,
+                     zero_point};
+  if (scale_f16) {
+    w.scale16 = reinterpret_cast<const uint16_t*>(p[3]);
+    w.scale = nullptr;
+  }
   if (M < 1 || N < 1 || K < 1 || !p[0] || !p[6] || !group_quant_valid(w, K) || (int8_x && K % 32) ||
-      (!int8_x && zero_point)) {
-    PyErr_Format(PyExc_ValueError, "%s: bad shape, layout, group size, zero point or null pointer", name);
+      (!int8_x && (zero_point || scale_f16))) {
+    PyErr_Format(PyExc_ValueError, "%s: bad shape, layout, group size, zero point, scales or null pointer", name);
     return nullptr;
   }
   if (isa < 0 || isa > best_isa()) isa = best_isa();
@@ -421,10 +425,10 @@ PyMethodDef kMethods[] = {
     {"gemm_bf16", py_gemm_bf16, METH_VARARGS, "gemm_bf16(x_ptr, w_ptr, bias_f32_ptr_or_0, y_ptr, M, N, K, isa)"},
     {"gemm_gq", py_gemm_gq, METH_VARARGS,
      "gemm_gq(x_ptr, codes_ptr, high_ptr_or_0, scale_ptr, min_ptr_or_0, bias_ptr_or_0, y_ptr, M, N, K, layout, group, "
-     "isa, x_bf16, y_bf16, zero_point)"},
+     "isa, x_bf16, y_bf16, zero_point, scale_f16)"},
     {"gemm_gq_q8", py_gemm_gq_q8, METH_VARARGS,
      "gemm_gq_q8(x_ptr, codes_ptr, high_ptr_or_0, scale_ptr, min_ptr_or_0, bias_ptr_or_0, y_ptr, M, N, K, layout, "
-     "group, isa, x_bf16, y_bf16, zero_point)"},
+     "group, isa, x_bf16, y_bf16, zero_point, scale_f16)"},
     {"rms_norm", py_rms_norm, METH_VARARGS, "rms_norm(x_ptr, w_ptr, y_ptr, rows, H, eps, bf16)"},
     {"rows_attention", py_rows_attention, METH_VARARGS,
      "rows_attention(q, k, v, mask_or_0, out, H, KVH, R, L, D, Dv, q_h, q_r, k_h, k_l, v_h, v_l, mask_kind, scale, "

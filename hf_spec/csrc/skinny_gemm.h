@@ -49,12 +49,16 @@ enum CodeLayout : int { kCodesI8 = 0, kCodesU4 = 1, kCodesU5 = 2 };
 struct GroupQuantWeight {
   const void* codes;      // kCodesI8: int8 [N, K]; kCodesU4 / kCodesU5: uint8 [N, K / 2], 32-code runs
   const uint32_t* high;   // kCodesU5: [N, K / 32], bit i = bit 4 of code i of the run; else unused
-  const float* scale;     // [N, K / group]
+  const float* scale;     // [N, K / group] (null where scale16 is given)
   const float* min;       // [N, K / group], or null
   int layout;             // a CodeLayout
   int64_t group;          // inputs per scale: a multiple of 16 (kCodesI8) or 32 (packed), dividing K
   int zero_point = 0;     // > 0 (a power of two, min null): min[n, g] = -zero_point * scale[n, g], exact, not stored
+  const uint16_t* scale16 = nullptr;  // float16 scales [N, K / 32] instead of `scale` (int8-input kernel, group 32,
+                                      // no stored min): GGUF's Q8_0 / Q4_0 / Q5_0 d, half the bytes
 };
+// scale j of a weight's scale row, from float32 or float16 (the scalar paths' conversion; exact)
+float half_to_float(uint16_t h);
 bool group_quant_valid(const GroupQuantWeight& w, int64_t K);
 // y = x @ w^T (+ bias), fp32 x, y and sums, w de-quantized in registers (gemm_group_quant.cpp)
 void skinny_gemm_gq(const float* x, const GroupQuantWeight& w, const float* bias, float* y, int64_t M, int64_t N,
@@ -68,9 +72,9 @@ void select_within(const float* a, const float* floor, const float* ew, const fl
                    const float* qn, uint8_t* keep, int64_t M, int64_t N);
 
 // ------------------------------------------------------------------------------------------------ helpers
-#define HF_AVX2 __attribute__((target("avx2,fma")))
+#define HF_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define HF_AVX512 __attribute__((target("avx512f,avx2,fma")))
-#define HF_VNNI256 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,bmi2")))
+#define HF_VNNI256 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c,bmi2")))
 
 HF_AVX2 inline __m128 hsum128_avx2(__m256 a) {
   return _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));

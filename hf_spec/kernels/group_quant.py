@@ -80,7 +80,7 @@ def kernel_group_linear(
     mod = _kernel_for(isa)
     if mod is None:
         return None
-    return _launch(mod, x, plan[:4], n, plan[6], plan[7], plan[8], bias, isa, plan[9])
+    return _launch(mod, x, plan[:4], n, plan[6], plan[7], plan[8], bias, isa, plan[9], plan[10])
 
 
 def _takes(x: torch.Tensor) -> bool:
@@ -98,16 +98,17 @@ def _takes(x: torch.Tensor) -> bool:
 
 def _launch(
     mod, x: torch.Tensor, ptrs: tuple, n: int, layout: int, group_size: int, int8_activations: bool,
-    bias: torch.Tensor | None, isa: int, zero_point: int = 0,
+    bias: torch.Tensor | None, isa: int, zero_point: int = 0, scale_f16: bool = False,
 ) -> torch.Tensor:  # fmt: skip
     """One kernel call: x `(..., K)` as `_takes` allows, the weight's `(codes, high, scale, min)` addresses (0 for
-    none) and zero point (the int8-input kernel's only), float32 bias `(n,)` or None -> `(..., n)` in x's dtype."""
+    none), zero point and float16 scales (the int8-input kernel's only), float32 bias `(n,)` or None -> `(..., n)`
+    in x's dtype."""
     k = x.shape[-1]
     y = x.new_empty((*x.shape[:-1], n))
     bf16 = x.dtype is torch.bfloat16
     (mod.gemm_gq_q8 if int8_activations else mod.gemm_gq)(
         x.data_ptr(), *ptrs, 0 if bias is None else bias.data_ptr(), y.data_ptr(), x.numel() // k, n, k, layout,
-        group_size, isa, bf16, bf16, zero_point,
+        group_size, isa, bf16, bf16, zero_point, scale_f16,
     )  # fmt: skip
     return y
 
@@ -124,7 +125,7 @@ def prepared_kernel_linear(
     if mod is None:
         return None
     plan = weight.kernel_plan()
-    ptrs, n, k, layout, group, int8_activations, zero_point = plan[:4], *plan[4:]
+    ptrs, n, k, layout, group, int8_activations, zero_point, scale_f16 = plan[:4], *plan[4:]
     b32 = None if bias is None else bias.detach().to(torch.float32).contiguous()
     gemm = mod.gemm_gq_q8 if int8_activations else mod.gemm_gq
     bias_ptr = 0 if b32 is None else b32.data_ptr()
@@ -145,7 +146,7 @@ def prepared_kernel_linear(
         y = x.new_empty((*x.shape[:-1], n))
         half = dtype is bf16
         gemm(x.data_ptr(), *ptrs, bias_ptr, y.data_ptr(), x.numel() // k, n, k, layout, group, ISA_AUTO, half,
-             half, zero_point)  # fmt: skip
+             half, zero_point, scale_f16)  # fmt: skip
         return y
 
     call.holds = (weight, plan, b32)  # what the addresses point into, kept alive with the function
@@ -223,11 +224,14 @@ def _kernel_call(
     zero_point: int,
 ) -> torch.Tensor | None:
     """`kernel_group_linear` on the weight's tensors as given, without building a `GroupQuantWeight` and its plan
-    for the call; None where the kernel does not take x or the weight (a zero point without int8 inputs: the float
-    kernel reads stored mins), for the caller's slower path."""
+    for the call; None where the kernel does not take x or the weight (a zero point or float16 scales without int8
+    inputs: the float kernel reads stored float32 ones), for the caller's slower path."""
     if not _takes(x) or (int8_activations and x.shape[-1] % ACTIVATION_RUN):
         return None
     if zero_point and not (int8_activations and zero_point in ZERO_POINTS and min is None):
+        return None
+    scale_f16 = scale.dtype is torch.float16
+    if scale_f16 and not (int8_activations and group_size == 32 and min is None):
         return None
     n = scale.shape[0]
     if bias is not None:
@@ -239,7 +243,9 @@ def _kernel_call(
     if mod is None:
         return None
     ptrs = tuple(0 if t is None else t.data_ptr() for t in (codes, high, scale, min))
-    return _launch(mod, x, ptrs, n, layout, group_size, int8_activations, bias, ISA_AUTO, zero_point)
+    return _launch(
+        mod, x, ptrs, n, layout, group_size, int8_activations, bias, ISA_AUTO, zero_point, scale_f16
+    )
 
 
 def _group_quant_linear_fake(

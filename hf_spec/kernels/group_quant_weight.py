@@ -8,7 +8,9 @@ and the int8 / int4 weights hf-spec makes at load all land here. Codes are int8 
 4-bit (`U4`) / 5-bit (`U5`: 4-bit plus a bit plane) packed two a byte. Where a weight has mins, `scale * code` is
 exact in float32 (the packers see to it), so the kernel's fused multiply-add and `dequantize` give the same weight
 bits. A format whose min is a fixed multiple of its scale (GGUF's Q4_0 and Q5_0: `d * (q - 8)`, `d * (q - 16)`) keeps
-that multiple as `zero_point` instead of a stored min: a quarter fewer bytes for Q5_0.
+that multiple as `zero_point` instead of a stored min: a quarter fewer bytes for Q5_0. Scales that are float16 values
+(GGUF's Q8_0, Q4_0 and Q5_0 `d`) may be kept as float16, exactly, where the groups are 32 inputs and no min is
+stored: the int8-input kernel reads them as they are (another 2 bytes less a group).
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ class GroupQuantWeight:
     """A group-quantized `(out_features, in_features)` weight, on CPU.
 
     `codes`: int8 `(out_features, in_features)` (I8) or uint8 `(out_features, in_features // 2)` (U4, U5);
-    `scale`, `min`: float32 `(out_features, in_features // group_size)` (`min` None where the format has none);
+    `scale`, `min`: float32 `(out_features, in_features // group_size)` (`min` None where the format has none;
+    `scale` float16 where `group_size` is 32 and there is no stored min);
     `high`: int32 `(out_features, in_features // 32)` (U5 only).
 
     `int8_activations`: products with this weight quantize x first, each run of 32 inputs of a row to int8
@@ -76,6 +79,10 @@ class GroupQuantWeight:
             )
         for name, t in (("scale", self.scale), ("min", self.min)):
             if t is not None and (t.shape != (n, k // g) or t.dtype != torch.float32):
+                if t is self.scale and t.shape == (n, k // g) and t.dtype == torch.float16:
+                    if g == RUN and self.min is None:
+                        continue
+                    raise ValueError("float16 scales need groups of 32 inputs and no stored min")
                 raise ValueError(f"{name} must be float32 {(n, k // g)}, got {t.dtype} {tuple(t.shape)}")
         if (self.high is not None) != (self.layout is CodeLayout.U5):
             raise ValueError("high bits are given for U5 weights, and only for them")
@@ -110,13 +117,14 @@ class GroupQuantWeight:
 
     def mins(self) -> torch.Tensor | None:
         """The min float32 `(out_features, groups)`: the stored one, `-zero_point * scale`, or None."""
-        return self.min if not self.zero_point else self.scale * -float(self.zero_point)
+        return self.min if not self.zero_point else self.scale.float() * -float(self.zero_point)
 
     def kernel_plan(self) -> tuple:
         """What a kernel call reads, worked out once: `(codes, high or 0, scale, min or 0)` addresses, then
-        `out_features, in_features, layout, group_size, int8_activations, zero_point` (made again where the codes,
-        the scales or `int8_activations` were replaced: a weight's other fields come with its codes). The float
-        kernel reads stored mins only: for it a zero point's mins are made once and kept with the plan."""
+        `out_features, in_features, layout, group_size, int8_activations, zero_point, scale_f16` (made again where
+        the codes, the scales or `int8_activations` were replaced: a weight's other fields come with its codes).
+        The float kernel reads stored float32 mins and scales only: for it a zero point's mins and float16 scales
+        are made once and kept with the plan."""
         cached = self.__dict__.get("_plan")
         key = cached[0] if cached is not None else None
         if (
@@ -125,13 +133,20 @@ class GroupQuantWeight:
             or key[1] is not self.scale
             or key[2] is not self.int8_activations
         ):
-            zero_point, mins = self.zero_point, self.min
-            if zero_point and not self.int8_activations:
-                zero_point, mins = 0, self.mins()
-            key = (self.codes, self.scale, self.int8_activations, mins)  # (the made mins kept alive here)
-            ptrs = tuple(0 if t is None else t.data_ptr() for t in (self.codes, self.high, self.scale, mins))
+            zero_point, mins, scale = self.zero_point, self.min, self.scale
+            if not self.int8_activations:
+                zero_point, mins, scale = 0, self.mins(), scale.float()
+            scale_f16 = scale.dtype == torch.float16
+            key = (
+                self.codes,
+                self.scale,
+                self.int8_activations,
+                mins,
+                scale,
+            )  # (made tensors kept alive here)
+            ptrs = tuple(0 if t is None else t.data_ptr() for t in (self.codes, self.high, scale, mins))
             plan = (*ptrs, self.out_features, self.in_features, self.layout_code, self.group_size,
-                    self.int8_activations, zero_point)  # fmt: skip
+                    self.int8_activations, zero_point, scale_f16)  # fmt: skip
             cached = self.__dict__["_plan"] = (key, plan)
         return cached[1]
 
@@ -157,7 +172,10 @@ class GroupQuantWeight:
             and codes.shape[0] == n
             and codes.shape[1] == (k if layout == CodeLayout.I8 else k // 2)
             and codes.is_contiguous()
-            and scale.dtype is torch.float32
+            and (
+                scale.dtype is torch.float32
+                or (scale.dtype is torch.float16 and group_size == RUN and min is None)
+            )
             and scale.is_contiguous()
             and group_size > 0
             and scale.shape[1] * group_size == k
@@ -235,7 +253,7 @@ class GroupQuantWeight:
             return out
         codes = self.unpacked_codes(rows).to(torch.float32)
         n, groups = codes.shape[0], self.in_features // self.group_size
-        scale = self.scale[rows]
+        scale = self.scale[rows].float()
         w = codes.view(n, groups, self.group_size) * scale[..., None]
         if self.min is not None:
             w = w + self.min[rows][..., None]

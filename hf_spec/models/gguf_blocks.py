@@ -121,15 +121,16 @@ def repack(data: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, int]
     codes, scale, mins, layout, group, zero_point = _decode(blocks, qtype)
     groups = in_features // group
 
-    def rows(a: np.ndarray | None) -> torch.Tensor | None:
-        return (
-            None
-            if a is None
-            else torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).view(-1, groups)
-        )
+    def rows(a: np.ndarray | None, dtype=np.float32) -> torch.Tensor | None:
+        return None if a is None else torch.from_numpy(np.ascontiguousarray(a, dtype=dtype)).view(-1, groups)
+
+    # a d that is one float16 a block (Q8_0, Q4_0, Q5_0) stays float16, exactly: half the scale bytes
+    scale_dtype = np.float16 if qtype in (Q.Q8_0, Q.Q4_0, Q.Q5_0) else np.float32
 
     codes_t = torch.from_numpy(np.ascontiguousarray(codes)).view(out_features, in_features)
-    return GroupQuantWeight.from_codes(codes_t, rows(scale), rows(mins), layout, group, zero_point)
+    return GroupQuantWeight.from_codes(
+        codes_t, rows(scale, scale_dtype), rows(mins), layout, group, zero_point
+    )
 
 
 __all__ = ["SUPPORTED", "repack", "supported_names"]

@@ -33,16 +33,16 @@ def main() -> int:
     kernel = cpu_skinny_gemm.load_kernel()
     calls, keep = [], []  # keep: the outputs and biases the prepared pointers point into
     for m in mods:
-        # (codes, high, scale, min) addresses, out, in, layout, group, int8 x, zero point
+        # (codes, high, scale, min) addresses, out, in, layout, group, int8 x, zero point, float16 scales
         plan = m.packed.kernel_plan()
-        ptrs, n, layout, group, int8_x, zero_point = plan[:4], plan[4], plan[6], plan[7], plan[8], plan[9]
+        ptrs, n, layout, group, int8_x, zero_point, f16 = plan[:4], plan[4], *plan[6:]
         y = torch.empty(1, n, dtype=torch.bfloat16)
         bias = None if m.bias is None else m.bias.float()
         keep.append((y, bias))
         gemm = kernel.gemm_gq_q8 if int8_x else kernel.gemm_gq
         x = xs[m.in_features]
         calls.append((gemm, (x.data_ptr(), *ptrs, 0 if bias is None else bias.data_ptr(), y.data_ptr(), 1, n,
-                             m.in_features, layout, group, cpu_skinny_gemm.ISA_AUTO, True, True, zero_point)))  # fmt: skip
+                             m.in_features, layout, group, cpu_skinny_gemm.ISA_AUTO, True, True, zero_point, f16)))  # fmt: skip
 
     def direct() -> float:
         t0 = time.perf_counter()
