@@ -4,6 +4,9 @@ and from the checkout's, alternated in one process (the machine's speed drifts t
 give the same bits.
 
     python lab/quantized_cpu/kernel_build_ab.py --base e7676f0~1 [--repeats 6] [--threads 1] [--by-format]
+
+Both builds are called with the checkout's arguments: a base before 59a8255 (where the group-quantized kernel took
+its zero point and float16 scales) cannot be called by a later checkout.
 """
 
 import argparse
