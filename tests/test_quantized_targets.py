@@ -372,6 +372,32 @@ def test_the_operator_gives_group_linear_on_every_path(monkeypatch):
         assert torch.equal(op(other, bias), gq.group_linear(other, weight, bias))
 
 
+def test_the_operator_runs_in_cpp_once_the_kernel_loads_and_hands_on_what_it_does_not_take(monkeypatch):
+    """Once the kernel module loads, `hf_spec::group_quant_linear` has a C++ CPU kernel for int8-input weights (a
+    compiled step calls it once a linear); float inputs, other dtypes and a switched-off kernel go to the same
+    function in Python (`group_quant_linear_py`): every path gives `group_linear`'s result."""
+    _kernel_or_skip()
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("hf_spec::group_quant_linear", "CPU")
+    weights = _weights(8, 64)
+    x = torch.randn(3, 64).to(torch.bfloat16)
+    bias = torch.randn(8).to(torch.bfloat16)
+    for name in ("u5-zp-f16", "u5-min", "i8-32-f16", "u4-min"):
+        for weight in (weights[name], _with_int8_activations(weights[name])):
+            args = (weight.codes, weight.scale, weight.min, weight.high, bias, weight.layout_code)
+            rest = (weight.group_size, weight.int8_activations, weight.zero_point)
+            expected = gq.group_linear(x, weight, bias)
+            assert torch.equal(torch.ops.hf_spec.group_quant_linear(x, *args, *rest), expected), name
+            assert torch.equal(
+                torch.ops.hf_spec.group_quant_linear(x.half(), *args, *rest),
+                gq.group_linear(x.half(), weight, bias),
+            )
+            with monkeypatch.context() as m:
+                m.setenv("HF_SPEC_NO_CPP_KERNELS", "1")
+                torch.testing.assert_close(
+                    torch.ops.hf_spec.group_quant_linear(x, *args, *rest), expected, rtol=1e-2, atol=1e-2
+                )
+
+
 def test_group_quant_weight_checks_its_tensors():
     with pytest.raises(ValueError, match="group size"):
         GroupQuantWeight.from_codes(torch.zeros(2, 64), torch.ones(2, 1), None, CodeLayout.U4, 48)

@@ -140,9 +140,8 @@ inline uint16_t f32_to_bf16(float f) {
 constexpr int64_t kGqChunkRows = 64;  // rows a kernel call takes: their x stays in the cache while W streams by
 
 // (x_ptr, codes_ptr, high_ptr_or_0, scale_ptr, min_ptr_or_0, bias_ptr_or_0, y_ptr, M, N, K, layout, group, isa,
-// x_bf16, y_bf16, zero_point, scale_f16): `skinny_gemm_gq` (float x) or, with `int8_x`, `skinny_gemm_gq_q8`, without
-// the GIL, on `kGqChunkRows` rows at a time (`scale_f16`: scale_ptr points to float16 scales); x and y are float32, or bfloat16 where `x_bf16` / `y_bf16` (widened into and
-// rounded from float32 buffers, as torch's `.float()` and `.to(torch.bfloat16)` do)
+// x_bf16, y_bf16, zero_point, scale_f16): `gemm_gq_rows` without the GIL (`scale_f16`: scale_ptr points to float16
+// scales)
 PyObject* run_gemm_gq(PyObject* args, bool int8_x) {
   const char* name = int8_x ? "gemm_gq_q8" : "gemm_gq";
   unsigned long long p[7];
@@ -164,33 +163,10 @@ PyObject* run_gemm_gq(PyObject* args, bool int8_x) {
     return nullptr;
   }
   if (isa < 0 || isa > best_isa()) isa = best_isa();
-  const auto gemm = int8_x ? skinny_gemm_gq_q8 : skinny_gemm_gq;
   const auto* bias = reinterpret_cast<const float*>(p[5]);
   return without_gil(name, [&] {
-    thread_local std::vector<float> xbuf, ybuf;  // reused: a decoding step converts a row per linear
-    for (int64_t start = 0; start < M; start += kGqChunkRows) {
-      const int64_t m = std::min<int64_t>(kGqChunkRows, M - start);
-      const float* xc = reinterpret_cast<const float*>(p[0]) + start * K;
-      if (x_bf16) {
-        const auto* xb = reinterpret_cast<const uint16_t*>(p[0]) + start * K;
-        xbuf.resize(m * K);
-        for (int64_t i = 0; i < m * K; ++i) xbuf[i] = bf16_to_f32(xb[i]);
-        xc = xbuf.data();
-      }
-      float* yc = reinterpret_cast<float*>(p[6]) + start * N;
-      if (y_bf16) {
-        ybuf.resize(m * N);
-        yc = ybuf.data();
-      }
-      gemm(xc, w, bias, yc, m, N, K, isa);
-      if (y_bf16) {
-        uint16_t* yb = reinterpret_cast<uint16_t*>(p[6]) + start * N;
-        const float* src = ybuf.data();
-        at::parallel_for(0, m * N, 16384, [&](int64_t lo, int64_t hi) {
-          for (int64_t i = lo; i < hi; ++i) yb[i] = f32_to_bf16(src[i]);
-        });
-      }
-    }
+    gemm_gq_rows(reinterpret_cast<const void*>(p[0]), x_bf16, w, bias, reinterpret_cast<void*>(p[6]), y_bf16, M, N, K,
+                 isa, int8_x);
   });
 }
 
@@ -442,6 +418,36 @@ PyMethodDef kMethods[] = {
 
 
 }  // namespace
+
+void gemm_gq_rows(const void* x, bool x_bf16, const GroupQuantWeight& w, const float* bias, void* y, bool y_bf16,
+                  int64_t M, int64_t N, int64_t K, int isa, bool int8_x) {
+  const auto gemm = int8_x ? skinny_gemm_gq_q8 : skinny_gemm_gq;
+  thread_local std::vector<float> xbuf, ybuf;  // reused: a decoding step converts a row per linear
+  for (int64_t start = 0; start < M; start += kGqChunkRows) {
+    const int64_t m = std::min<int64_t>(kGqChunkRows, M - start);
+    const float* xc = static_cast<const float*>(x) + start * K;
+    if (x_bf16) {
+      const auto* xb = static_cast<const uint16_t*>(x) + start * K;
+      xbuf.resize(m * K);
+      for (int64_t i = 0; i < m * K; ++i) xbuf[i] = bf16_to_f32(xb[i]);
+      xc = xbuf.data();
+    }
+    float* yc = static_cast<float*>(y) + start * N;
+    if (y_bf16) {
+      ybuf.resize(m * N);
+      yc = ybuf.data();
+    }
+    gemm(xc, w, bias, yc, m, N, K, isa);
+    if (y_bf16) {
+      uint16_t* yb = static_cast<uint16_t*>(y) + start * N;
+      const float* src = ybuf.data();
+      at::parallel_for(0, m * N, 16384, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) yb[i] = f32_to_bf16(src[i]);
+      });
+    }
+  }
+}
+
 }  // namespace hf_spec
 
 #define HF_STR2(a) #a

@@ -67,6 +67,10 @@ void skinny_gemm_gq(const float* x, const GroupQuantWeight& w, const float* bias
 // (gemm_group_quant_q8.cpp); K a multiple of 32
 void skinny_gemm_gq_q8(const float* x, const GroupQuantWeight& w, const float* bias, float* y, int64_t M, int64_t N,
                        int64_t K, int isa);
+// skinny_gemm_gq (float x) or, with `int8_x`, skinny_gemm_gq_q8 on any number of rows, 64 at a time; x and y
+// float32, or bfloat16 where `x_bf16` / `y_bf16` (widened exactly, rounded once) (module.cpp)
+void gemm_gq_rows(const void* x, bool x_bf16, const GroupQuantWeight& w, const float* bias, void* y, bool y_bf16,
+                  int64_t M, int64_t N, int64_t K, int isa, bool int8_x);
 // keep[j] = some row m of a (M, N) has a[m, j] + ew[m] coef[j] + eq[m] qn[j] >= floor[m] (select_within.cpp)
 void select_within(const float* a, const float* floor, const float* ew, const float* eq, const float* coef,
                    const float* qn, uint8_t* keep, int64_t M, int64_t N);

@@ -254,7 +254,12 @@ def _group_quant_linear_fake(
     return x.new_empty((*x.shape[:-1], scale.shape[0]))
 
 
-group_quant_linear = define_cpu_op("group_quant_linear", _group_quant_linear, _group_quant_linear_fake)
+# the operator compiled graphs call: for int8-input weights its CPU kernel is C++ (`op_group_quant.cpp`, registered
+# when the kernel module loads), which hands what it does not take to `group_quant_linear_py`, this same function
+group_quant_linear = define_cpu_op(
+    "group_quant_linear", _group_quant_linear, _group_quant_linear_fake, "CompositeExplicitAutograd"
+)
+group_quant_linear_py = define_cpu_op("group_quant_linear_py", _group_quant_linear, _group_quant_linear_fake)
 
 
 def quantized_linear(

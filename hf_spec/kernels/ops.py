@@ -178,15 +178,16 @@ def _select_within_fake(
 _LIBRARY = torch.library.Library("hf_spec", "FRAGMENT")
 
 
-def define_cpu_op(name: str, impl: Callable, fake: Callable) -> torch._ops.OpOverload:
-    """The operator `hf_spec::<name>`: `impl` as its CPU kernel (schema from `impl`'s type hints, no mutation),
+def define_cpu_op(name: str, impl: Callable, fake: Callable, key: str = "CPU") -> torch._ops.OpOverload:
+    """The operator `hf_spec::<name>`: `impl` as its kernel for dispatch key `key` (CPU; CompositeExplicitAutograd
+    where a C++ CPU kernel takes over once the kernel module loads), schema from `impl`'s type hints, no mutation,
     `fake` its fake implementation. Defined on a library fragment rather than with `torch.library.custom_op`,
     whose Python wrapper costs tens of microseconds a call: a compiled decoding step calls an operator once a
     linear layer, on both sides of a GGUF target's 169 linears. The operators have no autograd formula; callers
     decide before the call that no gradient is needed."""
     schema = torch.library.infer_schema(impl, mutates_args=())
     _LIBRARY.define(name + schema)
-    _LIBRARY.impl(name, impl, "CPU")
+    _LIBRARY.impl(name, impl, key)
     torch.library.register_fake(f"hf_spec::{name}", fake, lib=_LIBRARY)
     return getattr(torch.ops.hf_spec, name).default
 
