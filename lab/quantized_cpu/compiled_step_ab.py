@@ -3,12 +3,16 @@
 Python and dispatch cost around hf-spec's kernels. A third side runs the compiled step with the quantized-linear
 operator's general path (a `GroupQuantWeight` built for each call) instead of its direct kernel call.
 `--profile` instead runs `torch.profiler` over 20 compiled steps after the compile and prints the self CPU time per
-operator and per inductor kernel, the top `--rows` rows: where a compiled step goes.
+operator and per inductor kernel, the top `--rows` rows: where a compiled step goes. `--operator` instead compares
+the compiled step with the quantized linear's operator on its C++ CPU kernel (`hf_spec::group_quant_linear`, as
+loaded) and handing every call to the same function in Python (`hf_spec::group_quant_linear_py`, which it does while
+`HF_SPEC_NO_CPP_KERNELS` is set), alternated 6 times, and whether both made the same tokens.
 
-    python lab/quantized_cpu/compiled_step_ab.py [--profile [--rows 40]]
+    python lab/quantized_cpu/compiled_step_ab.py [--profile [--rows 40] | --operator]
 """
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -25,6 +29,7 @@ from hf_spec.models.fetch import load_model  # noqa: E402
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument("--profile", action="store_true", help="profile compiled steps instead of the A/B")
 p.add_argument("--rows", type=int, default=40, help="rows of the profile's table")
+p.add_argument("--operator", action="store_true", help="the operator's C++ kernel against its Python one")
 args = p.parse_args()
 torch.set_num_threads(2)
 torch.set_grad_enabled(False)
@@ -41,12 +46,17 @@ def forward(tokens, positions):
 compiled = torch.compile(forward, dynamic=False)
 
 
+tokens: list[int] = []  # the last `step_ms` call's
+
+
 def step_ms(fn, steps: int = 20) -> float:
     cache.reset()
+    tokens.clear()
     nxt = fn(ids, torch.arange(length)).argmax(-1)[:, -1:]
     t0 = time.perf_counter()
     for i in range(steps):
         nxt = fn(nxt, torch.tensor([length + i])).argmax(-1)[:, -1:]
+        tokens.append(int(nxt))
     return 1e3 * (time.perf_counter() - t0) / steps
 
 
@@ -62,6 +72,27 @@ if args.profile:
         prof.key_averages().table(
             sort_by="self_cpu_time_total", row_limit=args.rows, max_name_column_width=70
         )
+    )
+    sys.exit(0)
+if args.operator:
+    # one compiled graph; the C++ kernel hands every call to the Python one while HF_SPEC_NO_CPP_KERNELS is set
+    # (to "0": set but false, so the Python one still runs the kernel)
+    sides = {"C++ operator": None, "Python operator": "0"}
+    ms: dict[str, list[float]] = {k: [] for k in sides}
+    made: dict[str, list[int]] = {}
+    for r in range(6):
+        for name, switch in list(sides.items())[:: 1 if r % 2 == 0 else -1]:
+            if switch is None:
+                os.environ.pop("HF_SPEC_NO_CPP_KERNELS", None)
+            else:
+                os.environ["HF_SPEC_NO_CPP_KERNELS"] = switch
+            ms[name].append(step_ms(compiled))
+            made[name] = list(tokens)
+        print({k: round(v[-1], 1) for k, v in ms.items()}, flush=True)
+    os.environ.pop("HF_SPEC_NO_CPP_KERNELS", None)
+    same = made["C++ operator"] == made["Python operator"]
+    print(
+        "median ms a step:", {k: round(statistics.median(v), 1) for k, v in ms.items()}, "same tokens:", same
     )
     sys.exit(0)
 direct_call = group_quant._kernel_call
