@@ -34,29 +34,23 @@ at::Tensor python_path(const at::Tensor& x, const at::Tensor& codes, const at::T
 
 bool plain(const at::Tensor& t) { return t.device().is_cpu() && t.layout() == at::kStrided && t.is_contiguous(); }
 
-// whether the kernel reads these tensors as given: what `GroupQuantWeight` checks, for int8 activations
+// whether the kernel reads these tensors as given (their dtypes, shapes and memory; the layout's own rules are
+// `group_quant_valid`'s, on the weight made of them)
 bool fits(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale, const OptTensor& min,
-          const OptTensor& high, const OptTensor& bias, int64_t layout, int64_t group, int64_t zero_point) {
+          const OptTensor& high, const OptTensor& bias, int64_t layout, int64_t group) {
   const auto xt = x.scalar_type();
   if ((xt != at::kFloat && xt != at::kBFloat16) || !plain(x) || x.dim() == 0 || x.numel() == 0) return false;
   if (x.requires_grad() && c10::GradMode::is_enabled()) return false;
   const int64_t K = x.size(-1);
-  if (K % 32 || layout < kCodesI8 || layout > kCodesU5 || group < 1 || K % group) return false;
-  if (codes.dim() != 2 || scale.dim() != 2 || !plain(codes) || !plain(scale)) return false;
+  if (K % 32 || group < 1 || codes.dim() != 2 || scale.dim() != 2 || !plain(codes) || !plain(scale)) return false;
   const int64_t N = scale.size(0);
   const bool i8 = layout == kCodesI8;
   if (codes.scalar_type() != (i8 ? at::kChar : at::kByte) || codes.size(0) != N || codes.size(1) != (i8 ? K : K / 2))
     return false;
-  if (i8 ? group % 16 : group % 32) return false;
-  if (scale.size(1) * group != K) return false;
-  const bool f16 = scale.scalar_type() == at::kHalf;
-  if (!f16 && scale.scalar_type() != at::kFloat) return false;
-  if (min.has_value() && (f16 || zero_point || min->scalar_type() != at::kFloat || !plain(*min) ||
-                          min->sizes() != scale.sizes()))
+  if (scale.size(1) * group != K || (scale.scalar_type() != at::kFloat && scale.scalar_type() != at::kHalf))
     return false;
-  if (f16 && group != 32) return false;
-  if (zero_point < 0 || zero_point > 128 || (zero_point & (zero_point - 1))) return false;
-  if (high.has_value() != (layout == kCodesU5)) return false;
+  if (min.has_value() && (min->scalar_type() != at::kFloat || !plain(*min) || min->sizes() != scale.sizes()))
+    return false;
   if (high.has_value() && (high->scalar_type() != at::kInt || !plain(*high) || high->dim() != 2 ||
                            high->size(0) != N || high->size(1) != K / 32))
     return false;
@@ -70,9 +64,12 @@ at::Tensor group_quant_linear_cpu(const at::Tensor& x, const at::Tensor& codes, 
                                   const OptTensor& min, const OptTensor& high, const OptTensor& bias, int64_t layout,
                                   int64_t group_size, bool int8_activations, int64_t zero_point) {
   const char* off = std::getenv("HF_SPEC_NO_CPP_KERNELS");  // the Python path reads it as it does everywhere
-  if (!int8_activations || (off && *off) || best_isa() < kIsaAvx2 ||
-      !fits(x, codes, scale, min, high, bias, layout, group_size, zero_point))
+  const auto python = [&] {
     return python_path(x, codes, scale, min, high, bias, layout, group_size, int8_activations, zero_point);
+  };
+  if (!int8_activations || (off && *off) || best_isa() < kIsaAvx2 || zero_point < 0 || zero_point > 128 ||
+      !fits(x, codes, scale, min, high, bias, layout, group_size))
+    return python();
   const int64_t K = x.size(-1), N = scale.size(0), M = x.numel() / K;
   GroupQuantWeight w{codes.data_ptr(),
                      high.has_value() ? static_cast<const uint32_t*>(high->data_ptr()) : nullptr,
@@ -85,6 +82,7 @@ at::Tensor group_quant_linear_cpu(const at::Tensor& x, const at::Tensor& codes, 
     w.scale16 = static_cast<const uint16_t*>(scale.data_ptr());
   else
     w.scale = scale.data_ptr<float>();
+  if (!group_quant_valid(w, K) || high.has_value() != (layout == kCodesU5)) return python();
   at::Tensor b32;  // added in float32, as the Python path adds it
   if (bias.has_value()) b32 = bias->to(at::kFloat).contiguous();
   auto sizes = x.sizes().vec();

@@ -127,27 +127,11 @@ def prepared_kernel_linear(
     plan = weight.kernel_plan()
     ptrs, n, k, layout, group, int8_activations, zero_point, scale_f16 = plan[:4], *plan[4:]
     b32 = None if bias is None else bias.detach().to(torch.float32).contiguous()
-    gemm = mod.gemm_gq_q8 if int8_activations else mod.gemm_gq
-    bias_ptr = 0 if b32 is None else b32.data_ptr()
-    bf16, f32 = torch.bfloat16, torch.float32
 
     def call(x: torch.Tensor) -> torch.Tensor | None:
-        dtype = x.dtype
-        if (
-            (dtype is not bf16 and dtype is not f32)
-            or not x.is_cpu
-            or not x.is_contiguous()
-            or x.dim() == 0
-            or x.shape[-1] != k
-            or x.numel() == 0
-            or (x.requires_grad and torch.is_grad_enabled())
-        ):
+        if not _takes(x) or x.shape[-1] != k:
             return None
-        y = x.new_empty((*x.shape[:-1], n))
-        half = dtype is bf16
-        gemm(x.data_ptr(), *ptrs, bias_ptr, y.data_ptr(), x.numel() // k, n, k, layout, group, ISA_AUTO, half,
-             half, zero_point, scale_f16)  # fmt: skip
-        return y
+        return _launch(mod, x, ptrs, n, layout, group, int8_activations, b32, ISA_AUTO, zero_point, scale_f16)
 
     call.holds = (weight, plan, b32)  # what the addresses point into, kept alive with the function
     return call
