@@ -231,6 +231,24 @@ HF_VNNI256 inline void set_bit4_of_pair_avx512(const uint32_t* pair, __m256i& lo
   hi = _mm256_mask_add_epi8(hi, hi_mask, hi, b4);
 }
 
+// set_bit4_of_pair_avx512 for rows a and b of w at once: a's bytes in the low 256 bits of lo / hi, b's in the high
+HF_VNNI256 inline void set_bit4_of_pairs_zmm(const uint32_t* pair_a, const uint32_t* pair_b, __m512i& lo,
+                                             __m512i& hi) {
+  uint64_t a, b;
+  std::memcpy(&a, pair_a, sizeof a);
+  std::memcpy(&b, pair_b, sizeof b);
+  constexpr uint64_t kLo = 0x0000FFFF0000FFFFull, kHi = 0xFFFF0000FFFF0000ull;
+  const __m512i b4 = _mm512_set1_epi8(0x10);
+  lo = _mm512_mask_add_epi8(lo, _pext_u64(a, kLo) | (_pext_u64(b, kLo) << 32), lo, b4);
+  hi = _mm512_mask_add_epi8(hi, _pext_u64(a, kHi) | (_pext_u64(b, kHi) << 32), hi, b4);
+}
+
+// [a | b] in one 512-bit register
+HF_VNNI256 inline __m512i join_zmm(__m256i a, __m256i b) { return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1); }
+HF_VNNI256 inline __m512 join_zmm(__m256 a, __m256 b) {
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(a)), _mm256_castps_pd(b), 1));
+}
+
 HF_VNNI256 inline __m256i set_bit4_avx512(__m256i v, uint32_t bits) {
   return _mm256_mask_add_epi8(v, static_cast<__mmask32>(bits), v, _mm256_set1_epi8(0x10));
 }
@@ -261,6 +279,7 @@ HF_AVX2 inline __m256 halves(float a, float b) { return _mm256_set_m128(_mm_set1
 #define HF_Q8_SET_BIT4_OF_PAIR(pair, lo, hi) set_bit4_of_pair_avx512(pair, lo, hi)
 #define HF_Q8_SET_BIT4(v, bits) set_bit4_avx512(v, bits)
 #define HF_Q8_DOT8(lo, qa, hi, qb) _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, qa), hi, qb)
+#define HF_Q8_ZMM  // packed rows of w two at a time in 512-bit registers
 #include "gemm_group_quant_q8_tile.h"
 
 using TileQ8Fn = void (*)(const QuantizedRows&, const GroupQuantWeight&, const float*, float*, int64_t, int64_t,

@@ -46,6 +46,58 @@ HF_Q8_TARGET void HF_Q8_TILE(const QuantizedRows& xq, const GroupQuantWeight& w,
   } else {
     const int64_t pairs = runs / 2;
     const float* dpair = xq.dpair.data() + m * pairs * 8;
+#ifdef HF_Q8_ZMM
+    if constexpr (NRT % 2 == 0) {
+      // rows i and i + 1 of w side by side in 512-bit registers, each half doing lane for lane what the 256-bit
+      // loop below does for its row (the same integer sums, products and sums in the same order: the same bits)
+      // with half the instructions a code
+      __m512 acc2[NRT / 2][MR];
+      for (int i = 0; i < NRT / 2; ++i)
+        for (int j = 0; j < MR; ++j) acc2[i][j] = _mm512_setzero_ps();
+      const __m512i low4x2 = _mm512_set1_epi8(0x0F);
+      for (int64_t p = 0; p < pairs; ++p) {
+        const int64_t k = p * 64, off = p * 32;
+        if ((off & 63) == 0)
+          for (int i = 0; i < npf; ++i)
+            _mm_prefetch(reinterpret_cast<const char*>(codes + (NRT + i) * row_bytes + off), _MM_HINT_T1);
+        __m512i qa[MR], qb[MR];
+        __m512 dp[MR];
+        for (int j = 0; j < MR; ++j) {
+          qa[j] = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j * K + k)));
+          qb[j] = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j * K + k + 32)));
+          dp[j] = _mm512_castpd_ps(
+              _mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(dpair + j * pairs * 8 + 8 * p))));
+        }
+        for (int i = 0; i < NRT; i += 2) {
+          const __m512i raw = join_zmm(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i * row_bytes + off)),
+                                       _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + (i + 1) * row_bytes + off)));
+          __m512i lo = _mm512_and_si512(raw, low4x2);
+          __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4x2);
+          if (LAYOUT == kCodesU5) set_bit4_of_pairs_zmm(high + i * runs + 2 * p, high + (i + 1) * runs + 2 * p, lo, hi);
+          __m512 s;
+          if constexpr (SF16) {  // [a_i x 4 | b_i x 4 | a_i+1 x 4 | b_i+1 x 4]
+            int32_t pa, pb;
+            std::memcpy(&pa, scale16 + i * groups + 2 * p, sizeof pa);
+            std::memcpy(&pb, scale16 + (i + 1) * groups + 2 * p, sizeof pb);
+            s = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                                      _mm512_castps128_ps512(_mm_cvtph_ps(_mm_setr_epi32(pa, pb, 0, 0))));
+          } else {
+            s = join_zmm(halves(scale[i * groups + hg[k / 16]], scale[i * groups + hg[k / 16 + 2]]),
+                         halves(scale[(i + 1) * groups + hg[k / 16]], scale[(i + 1) * groups + hg[k / 16 + 2]]));
+          }
+          for (int j = 0; j < MR; ++j) {
+            const __m512i sums = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, qa[j]), hi, qb[j]);
+            acc2[i / 2][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(s, dp[j]), acc2[i / 2][j]);
+          }
+        }
+      }
+      for (int i = 0; i < NRT; i += 2)
+        for (int j = 0; j < MR; ++j) {
+          acc[i][j] = _mm512_castps512_ps256(acc2[i / 2][j]);
+          acc[i + 1][j] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc2[i / 2][j]), 1));
+        }
+    } else
+#endif
     for (int64_t p = 0; p < pairs; ++p) {
       const int64_t k = p * 64, off = p * 32;
       if ((off & 63) == 0)
@@ -122,3 +174,4 @@ HF_Q8_TARGET void HF_Q8_TILE(const QuantizedRows& xq, const GroupQuantWeight& w,
 #undef HF_Q8_DOT8
 #undef HF_Q8_SET_BIT4_OF_PAIR
 #undef HF_Q8_SET_BIT4
+#undef HF_Q8_ZMM
