@@ -29,6 +29,9 @@ constexpr int NR_Q8_WIDE = 4;
 constexpr int64_t kShortRows = 2048;
 constexpr int MR_Q8 = 4;  // rows of x per tile: 2 x 4 accumulators; a row of w is unpacked once for 4 rows of x
 constexpr int RUN_Q8 = 32;
+// how far ahead of a tile its rows of w are prefetched when x has one row: the next tile alone (1.8 KB of U5 rows
+// of 896) left decoding Q5_0 rows short of the memory's bandwidth; with more rows of x, going further cost time
+constexpr int64_t kPrefetchBytes = 8192;
 
 // the rows of x quantized: q [M, K] (int8, in the order above), d [M, K / 32] (fp32) and, where w has mins,
 // gsum [M, K / group]: sum over each group of x' (fp32, runs in order)

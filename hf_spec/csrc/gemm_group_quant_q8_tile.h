@@ -19,6 +19,11 @@ HF_Q8_TARGET void HF_Q8_TILE(const QuantizedRows& xq, const GroupQuantWeight& w,
   const uint32_t* high = LAYOUT == kCodesU5 ? w.high + n * runs : nullptr;
   const int8_t* q = xq.q.data() + m * K;
   const float* d = xq.d.data() + m * runs;
+  // prefetch the next tile's rows, or with one row of x (decoding: reading w is all the time) the rows
+  // kPrefetchBytes ahead (whole tiles), enough to cover DRAM's latency
+  const int64_t ahead = NRT * (MR > 1 ? 1 : std::max<int64_t>(1, kPrefetchBytes / (NRT * row_bytes)));
+  const int pfr = npf > 0 ? static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(NRT, N - n - ahead))) : 0;
+  const uint8_t* next = codes + ahead * row_bytes;
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   __m256 acc[NRT][MR];
   for (int i = 0; i < NRT; ++i)
@@ -27,8 +32,7 @@ HF_Q8_TARGET void HF_Q8_TILE(const QuantizedRows& xq, const GroupQuantWeight& w,
     for (int64_t r = 0; r < runs; ++r) {
       const int64_t k = r * RUN_Q8;
       if ((k & 63) == 0)
-        for (int i = 0; i < npf; ++i)
-          _mm_prefetch(reinterpret_cast<const char*>(codes + (NRT + i) * row_bytes + k), _MM_HINT_T1);
+        for (int i = 0; i < pfr; ++i) _mm_prefetch(reinterpret_cast<const char*>(next + i * row_bytes + k), _MM_HINT_T1);
       __m256i qx[MR];
       for (int j = 0; j < MR; ++j) qx[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j * K + k));
       for (int i = 0; i < NRT; ++i) {
@@ -58,8 +62,8 @@ HF_Q8_TARGET void HF_Q8_TILE(const QuantizedRows& xq, const GroupQuantWeight& w,
       for (int64_t p = 0; p < pairs; ++p) {
         const int64_t k = p * 64, off = p * 32;
         if ((off & 63) == 0)
-          for (int i = 0; i < npf; ++i)
-            _mm_prefetch(reinterpret_cast<const char*>(codes + (NRT + i) * row_bytes + off), _MM_HINT_T1);
+          for (int i = 0; i < pfr; ++i)
+            _mm_prefetch(reinterpret_cast<const char*>(next + i * row_bytes + off), _MM_HINT_T1);
         __m512i qa[MR], qb[MR];
         __m512 dp[MR];
         for (int j = 0; j < MR; ++j) {
@@ -101,8 +105,7 @@ HF_Q8_TARGET void HF_Q8_TILE(const QuantizedRows& xq, const GroupQuantWeight& w,
     for (int64_t p = 0; p < pairs; ++p) {
       const int64_t k = p * 64, off = p * 32;
       if ((off & 63) == 0)
-        for (int i = 0; i < npf; ++i)
-          _mm_prefetch(reinterpret_cast<const char*>(codes + (NRT + i) * row_bytes + off), _MM_HINT_T1);
+        for (int i = 0; i < pfr; ++i) _mm_prefetch(reinterpret_cast<const char*>(next + i * row_bytes + off), _MM_HINT_T1);
       for (int i = 0; i < NRT; ++i) {
         const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i * row_bytes + off));
         __m256i lo = _mm256_and_si256(raw, low4);                         // codes 0-15 of runs 2p, 2p + 1
