@@ -138,3 +138,22 @@ def test_fused_norm_compiles_as_one_operator(kernel):
         assert torch.equal(out, fused(x))
     assert any(str(n.target) == "hf_spec.rms_norm.default" for g in graphs for n in g.graph.nodes)
     torch.library.opcheck(torch.ops.hf_spec.rms_norm.default, (x, norm.weight.detach(), 1e-6))
+
+
+def test_the_operator_runs_in_cpp_and_hands_on_what_it_does_not_take(kernel, monkeypatch):
+    """Once the kernel module loads, `hf_spec::rms_norm` has a C++ CPU kernel (a compiled step calls it once a norm)
+    with the Python kernel's bits; mixed dtypes, float16 and a switched-off kernel go to the same function in Python
+    (`rms_norm_py`), which gives transformers' formula there."""
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("hf_spec::rms_norm", "CPU")
+    op = torch.ops.hf_spec.rms_norm
+    for dtype in (torch.float32, torch.bfloat16):
+        norm = _norm(dtype, 96)
+        w = norm.weight.detach()
+        x = torch.randn(3, 5, 96).to(dtype)
+        assert torch.equal(op(x, w, 1e-6), kernel_rms_norm(x, w, 1e-6))
+        assert torch.equal(op(x.half(), w.half(), 1e-6), reference_rms_norm(x.half(), w.half(), 1e-6))
+        mixed = op(x, w.float() if dtype is torch.bfloat16 else w.bfloat16(), 1e-6)
+        assert mixed.dtype == torch.float32
+        with monkeypatch.context() as patch:
+            patch.setenv("HF_SPEC_NO_CPP_KERNELS", "1")  # the Python function then runs transformers' formula
+            assert torch.equal(op(x, w, 1e-6), reference_rms_norm(x, w, 1e-6))

@@ -144,6 +144,40 @@ def test_compiled_graph_calls_one_operator(kernel):
     torch.library.opcheck(torch.ops.hf_spec.rows_attention.default, (q, k, v, mask[0, 0], 0.125, True))
 
 
+def test_the_operator_runs_in_cpp_and_hands_on_what_it_does_not_take(kernel, monkeypatch):
+    """Once the kernel module loads, `hf_spec::rows_attention` has a C++ CPU kernel (a compiled step calls it once a
+    layer) that takes any mask layout; float16 and a switched-off kernel go to the same function in Python
+    (`rows_attention_py`), which refuses float16 by name and otherwise gives the same bits."""
+    from hf_spec.kernels.rows_attention import _rows_attention
+
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("hf_spec::rows_attention", "CPU")
+    op = torch.ops.hf_spec.rows_attention
+    module, handed = cpu_skinny_gemm.load_kernel(), []
+
+    def loaded():  # the loaded module, past the switch: the Python function counts its calls
+        handed.append(1)
+        return module
+
+    for dtype in (torch.float32, torch.bfloat16):
+        q, k, v, mask = _inputs(dtype, rows=4, keys=30)
+        for m, causal in ((mask[0, 0], True), (mask[0, 0] == 0, True), (None, True), (None, False)):
+            expected = _rows_attention(q, k, v, m, 0.125, causal)
+            assert torch.equal(op(q, k, v, m, 0.125, causal), expected), (dtype, causal)
+        strided = torch.cat([mask[0, 0], mask[0, 0]], dim=1)[:, ::2]  # a mask that is not contiguous
+        assert torch.equal(
+            op(q, k, v, strided, 0.125, True), _rows_attention(q, k, v, strided.contiguous(), 0.125, True)
+        )
+        with pytest.raises((ValueError, RuntimeError), match="float32 or bfloat16"):
+            op(q.half(), k.half(), v.half(), None, 0.125, True)
+        expected = _rows_attention(q, k, v, mask[0, 0], 0.125, True)
+        with monkeypatch.context() as patch:
+            patch.setenv("HF_SPEC_NO_CPP_KERNELS", "1")
+            patch.setattr(cpu_skinny_gemm, "load_kernel", loaded)
+            handed.clear()
+            assert torch.equal(op(q, k, v, mask[0, 0], 0.125, True), expected)
+            assert handed, "a switched-off kernel should hand the call to Python"
+
+
 @pytest.mark.parametrize("spec", ["pld", "draft-model"])
 def test_bfloat16_quantized_target_decodes_as_its_own_generate(kernel, spec):
     """Linears, norms and attention all give a verification row the bits of one-row decoding, so in bfloat16

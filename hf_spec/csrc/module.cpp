@@ -194,25 +194,8 @@ PyObject* py_rms_norm(PyObject*, PyObject* args) {
     return nullptr;
   }
   return without_gil("rms_norm", [&] {
-    at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / H), [&](int64_t r0, int64_t r1) {
-      std::vector<float> xf(H);
-      for (int64_t r = r0; r < r1; ++r) {
-        for (int64_t i = 0; i < H; ++i)
-          xf[i] = bf16 ? bf16_to_f32(reinterpret_cast<const uint16_t*>(p[0])[r * H + i])
-                       : reinterpret_cast<const float*>(p[0])[r * H + i];
-        const float sum = dot8(xf.data(), xf.data(), H);
-        const float inv = 1.f / std::sqrt(sum / static_cast<float>(H) + static_cast<float>(eps));
-        if (bf16) {
-          const auto* w = reinterpret_cast<const uint16_t*>(p[1]);
-          auto* y = reinterpret_cast<uint16_t*>(p[2]) + r * H;
-          for (int64_t k = 0; k < H; ++k) y[k] = f32_to_bf16(bf16_to_f32(w[k]) * bf16_to_f32(f32_to_bf16(xf[k] * inv)));
-        } else {
-          const auto* w = reinterpret_cast<const float*>(p[1]);
-          float* y = reinterpret_cast<float*>(p[2]) + r * H;
-          for (int64_t k = 0; k < H; ++k) y[k] = w[k] * (xf[k] * inv);
-        }
-      }
-    });
+    rms_norm_rows(reinterpret_cast<const void*>(p[0]), reinterpret_cast<const void*>(p[1]),
+                  reinterpret_cast<void*>(p[2]), rows, H, eps, bf16);
   });
 }
 
@@ -268,14 +251,6 @@ HF_AVX2 inline int64_t exp_shifted_avx2(float* s, int64_t n, float best) {
   for (; l + 8 <= n; l += 8) _mm256_storeu_ps(s + l, exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + l), b)));
   return l;
 }
-
-struct RowsAttention {
-  const void *q, *k, *v, *mask;
-  void* out;
-  int64_t H, KVH, R, L, D, Dv, qh, qr, kh, kl, vh, vl;
-  int mask_kind;
-  float scale;
-};
 
 // one KV head g and one query row r: the group's query heads against every key, each (head, row) alone; inlined
 // into a plain and an AVX2 + FMA caller (the CPU's best is picked per call, so a machine always takes the same one)
@@ -373,14 +348,7 @@ PyObject* py_rows_attention(PyObject*, PyObject* args) {
                         reinterpret_cast<const void*>(p[2]), reinterpret_cast<const void*>(p[3]),
                         reinterpret_cast<void*>(p[4]), H, KVH, R, L, D, Dv, qh, qr, kh, kl, vh, vl, mask_kind,
                         static_cast<float>(scale)};
-  const bool avx2 = best_isa() >= kIsaAvx2;
-  const auto one = bf16 ? (avx2 ? rows_attention_avx2<true> : rows_attention_plain<true>)
-                        : (avx2 ? rows_attention_avx2<false> : rows_attention_plain<false>);
-  return without_gil("rows_attention", [&] {
-    at::parallel_for(0, KVH * R, 1, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) one(a, i / R, i % R);
-    });
-  });
+  return without_gil("rows_attention", [&] { rows_attention_run(a, bf16); });
 }
 
 PyObject* py_gemm_gq(PyObject*, PyObject* args) { return run_gemm_gq(args, false); }
@@ -446,6 +414,37 @@ void gemm_gq_rows(const void* x, bool x_bf16, const GroupQuantWeight& w, const f
       });
     }
   }
+}
+
+void rms_norm_rows(const void* x, const void* w, void* y, int64_t rows, int64_t H, double eps, bool bf16) {
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / H), [&](int64_t r0, int64_t r1) {
+    std::vector<float> xf(H);
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t i = 0; i < H; ++i)
+        xf[i] = bf16 ? bf16_to_f32(static_cast<const uint16_t*>(x)[r * H + i]) : static_cast<const float*>(x)[r * H + i];
+      const float sum = dot8(xf.data(), xf.data(), H);
+      const float inv = 1.f / std::sqrt(sum / static_cast<float>(H) + static_cast<float>(eps));
+      if (bf16) {
+        const auto* wb = static_cast<const uint16_t*>(w);
+        auto* yb = static_cast<uint16_t*>(y) + r * H;
+        for (int64_t k = 0; k < H; ++k)
+          yb[k] = f32_to_bf16(bf16_to_f32(wb[k]) * bf16_to_f32(f32_to_bf16(xf[k] * inv)));
+      } else {
+        const auto* wf = static_cast<const float*>(w);
+        float* yf = static_cast<float*>(y) + r * H;
+        for (int64_t k = 0; k < H; ++k) yf[k] = wf[k] * (xf[k] * inv);
+      }
+    }
+  });
+}
+
+void rows_attention_run(const RowsAttention& a, bool bf16) {
+  const bool avx2 = best_isa() >= kIsaAvx2;
+  const auto one = bf16 ? (avx2 ? rows_attention_avx2<true> : rows_attention_plain<true>)
+                        : (avx2 ? rows_attention_avx2<false> : rows_attention_plain<false>);
+  at::parallel_for(0, a.KVH * a.R, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) one(a, i / a.R, i % a.R);
+  });
 }
 
 }  // namespace hf_spec

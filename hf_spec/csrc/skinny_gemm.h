@@ -71,6 +71,20 @@ void skinny_gemm_gq_q8(const float* x, const GroupQuantWeight& w, const float* b
 // float32, or bfloat16 where `x_bf16` / `y_bf16` (widened exactly, rounded once) (module.cpp)
 void gemm_gq_rows(const void* x, bool x_bf16, const GroupQuantWeight& w, const float* bias, void* y, bool y_bf16,
                   int64_t M, int64_t N, int64_t K, int isa, bool int8_x);
+// y = w * to_dtype(x * rsqrt(mean(x^2) + eps)) row by row, x, w and y all bfloat16 (`bf16`) or all float32, [rows, H]
+// contiguous: the RMSNorm of Llama-family models (module.cpp)
+void rms_norm_rows(const void* x, const void* w, void* y, int64_t rows, int64_t H, double eps, bool bf16);
+// attention of R query rows of one batch row against L keys, each (head, row) alone in float32 (module.cpp's
+// py_rows_attention says the layout): q [H, R, D], k [KVH, L, D], v [KVH, L, Dv] by their strides, mask [R, L]
+// (mask_kind 0 none / 1 additive float32 / 2 additive bfloat16 / 3 bool), out [R, H, Dv]
+struct RowsAttention {
+  const void *q, *k, *v, *mask;
+  void* out;
+  int64_t H, KVH, R, L, D, Dv, qh, qr, kh, kl, vh, vl;
+  int mask_kind;
+  float scale;
+};
+void rows_attention_run(const RowsAttention& a, bool bf16);
 // keep[j] = some row m of a (M, N) has a[m, j] + ew[m] coef[j] + eq[m] qn[j] >= floor[m] (select_within.cpp)
 void select_within(const float* a, const float* floor, const float* ew, const float* eq, const float* coef,
                    const float* qn, uint8_t* keep, int64_t M, int64_t N);

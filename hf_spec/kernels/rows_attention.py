@@ -44,12 +44,19 @@ def _rows_attention(
     causal: bool,
 ) -> torch.Tensor:  # fmt: skip
     """The kernel: query `(1, heads, rows, dim)`, key `(1, kv_heads, keys, dim)`, value `(1, kv_heads, keys,
-    dim_v)` (last dimensions contiguous), mask `(rows, keys)` contiguous (float32, bfloat16 additive, or bool) or
+    dim_v)` (last dimensions contiguous), mask `(rows, keys)` (float32, bfloat16 additive, or bool) or
     None (`causal`, or every key) -> `(1, rows, heads, dim_v)` in query's dtype."""
+    if query.dtype not in _DTYPES or key.dtype is not query.dtype or value.dtype is not query.dtype:
+        raise ValueError(
+            "rows_attention takes float32 or bfloat16 query, key and value of one dtype, got "
+            f"{query.dtype}, {key.dtype}, {value.dtype}"
+        )
     _, heads, rows, dim = query.shape
     kv_heads, keys = key.shape[1], key.shape[2]
     if mask is None and causal and rows > 1:
         mask = _causal(rows, keys)
+    if mask is not None and not mask.is_contiguous():
+        mask = mask.contiguous()
     out = query.new_empty((1, rows, heads, value.shape[-1]))
     cpu_skinny_gemm.load_kernel().rows_attention(
         query.data_ptr(), key.data_ptr(), value.data_ptr(), 0 if mask is None else mask.data_ptr(), out.data_ptr(),
@@ -64,7 +71,12 @@ def _rows_attention_fake(query, key, value, mask, scaling, causal):
     return query.new_empty((1, query.shape[2], query.shape[1], value.shape[-1]))
 
 
-rows_attention_op = define_cpu_op("rows_attention", _rows_attention, _rows_attention_fake)
+# the operator: `_rows_attention` for CompositeExplicitAutograd, overridden by a C++ CPU kernel
+# (`op_norm_attention.cpp`) once the kernel module loads, which hands what it does not take to `rows_attention_py`
+rows_attention_op = define_cpu_op(
+    "rows_attention", _rows_attention, _rows_attention_fake, "CompositeExplicitAutograd"
+)
+rows_attention_py = define_cpu_op("rows_attention_py", _rows_attention, _rows_attention_fake)
 
 
 def _applies(query, key, value, mask, dropout: float, kwargs) -> bool:

@@ -4,9 +4,10 @@ Python and dispatch cost around hf-spec's kernels. A third side runs the compile
 operator's general path (a `GroupQuantWeight` built for each call) instead of its direct kernel call.
 `--profile` instead runs `torch.profiler` over 20 compiled steps after the compile and prints the self CPU time per
 operator and per inductor kernel, the top `--rows` rows: where a compiled step goes. `--operator` instead compares
-the compiled step with the quantized linear's operator on its C++ CPU kernel (`hf_spec::group_quant_linear`, as
-loaded) and handing every call to the same function in Python (`hf_spec::group_quant_linear_py`, which it does while
-`HF_SPEC_NO_CPP_KERNELS` is set), alternated 6 times, and whether both made the same tokens.
+the compiled step with hf-spec's operators on their C++ CPU kernels (`hf_spec::group_quant_linear`, `rms_norm`,
+`rows_attention`, as loaded) and handing every call to the same functions in Python (`..._py`, which they do while
+`HF_SPEC_NO_CPP_KERNELS` is set; the hand-on itself costs a little), alternated 6 times, and whether both made the
+same tokens.
 
     python lab/quantized_cpu/compiled_step_ab.py [--profile [--rows 40] | --operator]
 """
