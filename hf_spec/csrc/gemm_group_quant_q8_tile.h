@@ -24,6 +24,18 @@ HF_Q8_TARGET void HF_Q8_TILE(const QuantizedRows& xq, const GroupQuantWeight& w,
   const int64_t ahead = NRT * (MR > 1 ? 1 : std::max<int64_t>(1, kPrefetchBytes / (NRT * row_bytes)));
   const int pfr = npf > 0 ? static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(NRT, N - n - ahead))) : 0;
   const uint8_t* next = codes + ahead * row_bytes;
+  if (pfr > 0 && MR == 1) {  // the same rows' scales, mins and high bits: streams of their own
+    const auto side = [&](const void* base, int64_t row_size) {
+      const char* from = static_cast<const char*>(base) + ahead * row_size;
+      for (int64_t b = 0; b < pfr * row_size; b += 64) _mm_prefetch(from + b, _MM_HINT_T1);
+    };
+    if (SF16)
+      side(scale16, groups * 2);
+    else
+      side(scale, groups * 4);
+    if (w.min) side(w.min + n * groups, groups * 4);
+    if (LAYOUT == kCodesU5) side(high, runs * 4);
+  }
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   __m256 acc[NRT][MR];
   for (int i = 0; i < NRT; ++i)
