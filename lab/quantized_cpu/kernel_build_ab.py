@@ -1,9 +1,10 @@
-"""All linears of the Qwen GGUF target once each, on hf-spec's C++ kernel built from an earlier commit's sources
+"""All linears of the Qwen GGUF target (or with `--quantize int8|int4`, the int8 / int4 target hf-spec makes at
+load, on the float-input kernel) once each, on hf-spec's C++ kernel built from an earlier commit's sources
 and from the checkout's, alternated in one process (the machine's speed drifts too much for two runs to compare):
 1, 2, 4 and 8 rows of bfloat16 x (decoding, and verifications of 1-7 drafted tokens). Also checks that both builds
 give the same bits.
 
-    python lab/quantized_cpu/kernel_build_ab.py --base e7676f0~1 [--repeats 6] [--threads 1] [--by-format]
+    python lab/quantized_cpu/kernel_build_ab.py --base e7676f0~1 [--repeats 6] [--threads 1] [--by-format] [--quantize int4]
 
 Both builds are called with the checkout's arguments: a base before 59a8255 (where the group-quantized kernel took
 its zero point and float16 scales) cannot be called by a later checkout.
@@ -46,6 +47,9 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--isa", type=int, default=csg.ISA_AUTO, help="1: AVX2 (-1: the CPU's best)")
     p.add_argument("--by-format", action="store_true", help="also a table per GGUF format and shape")
+    p.add_argument(
+        "--quantize", default="gguf", choices=("gguf", "int8", "int4"), help="the target's weights"
+    )
     args = p.parse_args()
     rows_list = [int(r) for r in args.rows.split(",")]
     torch.set_num_threads(args.threads)
@@ -60,7 +64,7 @@ def main() -> int:
             (Path(tmp) / Path(name).name).write_bytes(blob.stdout)
         base = build(Path(tmp))
     head = build(csg.CSRC)
-    model, _ = load_model("qwen2.5-coder-0.5b-instruct", dtype=torch.bfloat16, quantize="gguf")
+    model, _ = load_model("qwen2.5-coder-0.5b-instruct", dtype=torch.bfloat16, quantize=args.quantize)
     mods = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
     bias = {m: None if m.bias is None else m.bias.float() for m in mods}
     xs = {
