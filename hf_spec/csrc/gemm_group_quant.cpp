@@ -8,9 +8,6 @@
 // and an unfused `scale * code + min` give the same weight bits. Sums are fp32; each output is accumulated lane by
 // lane over k in the same order whatever M and the tiling, so a row of x gets the same bits alone (decoding) as
 // among 64 (verification). AVX-512 CPUs take the AVX2 path.
-#include <cmath>
-#include <cstring>
-
 #include "skinny_gemm.h"
 
 namespace hf_spec {
@@ -137,22 +134,6 @@ static const TileGqFn kGq[3][2][NR_GQ][MR_GQ] = {
 };
 
 }  // namespace
-
-float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
-  float f;
-  if (exp == 0x1F) {  // infinity, NaN
-    const uint32_t u = sign | 0x7F800000u | (man << 13);
-    std::memcpy(&f, &u, 4);
-  } else if (exp == 0) {  // zero, subnormal: man * 2^-24, exact in float32
-    f = std::ldexp(static_cast<float>(man), -24);
-    if (sign) f = -f;
-  } else {
-    const uint32_t u = sign | ((exp + 112) << 23) | (man << 13);
-    std::memcpy(&f, &u, 4);
-  }
-  return f;
-}
 
 bool group_quant_valid(const GroupQuantWeight& w, int64_t K) {
   if (w.layout < kCodesI8 || w.layout > kCodesU5 || w.group < 1 || K % w.group) return false;

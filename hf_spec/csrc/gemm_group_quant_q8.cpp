@@ -17,6 +17,8 @@
 #include <limits>
 #include <vector>
 
+#include <torch/headeronly/util/Half.h>  // c10::detail::fp16_ieee_to_fp32_value: the scalar paths' float16 scales
+
 #include "skinny_gemm.h"
 
 namespace hf_spec {
@@ -161,7 +163,9 @@ inline int32_t code_at(const GroupQuantWeight& w, int64_t n, int64_t k, int64_t 
 }
 
 // scale j of w, float32 or float16
-inline float scale_at(const GroupQuantWeight& w, int64_t j) { return w.scale16 ? half_to_float(w.scale16[j]) : w.scale[j]; }
+inline float scale_at(const GroupQuantWeight& w, int64_t j) {
+  return w.scale16 ? c10::detail::fp16_ieee_to_fp32_value(w.scale16[j]) : w.scale[j];
+}
 
 // q of input k of row m (undoing the pairing)
 inline int32_t q_at(const QuantizedRows& xq, const GroupQuantWeight& w, int64_t m, int64_t k) {

@@ -24,6 +24,10 @@ HF_Q8_TARGET void HF_Q8_TILE(const QuantizedRows& xq, const GroupQuantWeight& w,
   const int64_t ahead = NRT * (MR > 1 ? 1 : std::max<int64_t>(1, kPrefetchBytes / (NRT * row_bytes)));
   const int pfr = npf > 0 ? static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(NRT, N - n - ahead))) : 0;
   const uint8_t* next = codes + ahead * row_bytes;
+  const auto prefetch_codes = [&](int64_t at) {  // the ahead rows' codes at byte `at` of a row, a line at a time
+    if ((at & 63) == 0)
+      for (int i = 0; i < pfr; ++i) _mm_prefetch(reinterpret_cast<const char*>(next + i * row_bytes + at), _MM_HINT_T1);
+  };
   if (pfr > 0 && MR == 1) {  // the same rows' scales, mins and high bits: streams of their own
     const auto side = [&](const void* base, int64_t row_size) {
       const char* from = static_cast<const char*>(base) + ahead * row_size;
@@ -43,8 +47,7 @@ HF_Q8_TARGET void HF_Q8_TILE(const QuantizedRows& xq, const GroupQuantWeight& w,
   if (LAYOUT == kCodesI8) {
     for (int64_t r = 0; r < runs; ++r) {
       const int64_t k = r * RUN_Q8;
-      if ((k & 63) == 0)
-        for (int i = 0; i < pfr; ++i) _mm_prefetch(reinterpret_cast<const char*>(next + i * row_bytes + k), _MM_HINT_T1);
+      prefetch_codes(k);
       __m256i qx[MR];
       for (int j = 0; j < MR; ++j) qx[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j * K + k));
       for (int i = 0; i < NRT; ++i) {
@@ -73,9 +76,7 @@ HF_Q8_TARGET void HF_Q8_TILE(const QuantizedRows& xq, const GroupQuantWeight& w,
       const __m512i low4x2 = _mm512_set1_epi8(0x0F);
       for (int64_t p = 0; p < pairs; ++p) {
         const int64_t k = p * 64, off = p * 32;
-        if ((off & 63) == 0)
-          for (int i = 0; i < pfr; ++i)
-            _mm_prefetch(reinterpret_cast<const char*>(next + i * row_bytes + off), _MM_HINT_T1);
+        prefetch_codes(off);
         __m512i qa[MR], qb[MR];
         __m512 dp[MR];
         for (int j = 0; j < MR; ++j) {
@@ -116,8 +117,7 @@ HF_Q8_TARGET void HF_Q8_TILE(const QuantizedRows& xq, const GroupQuantWeight& w,
 #endif
     for (int64_t p = 0; p < pairs; ++p) {
       const int64_t k = p * 64, off = p * 32;
-      if ((off & 63) == 0)
-        for (int i = 0; i < pfr; ++i) _mm_prefetch(reinterpret_cast<const char*>(next + i * row_bytes + off), _MM_HINT_T1);
+      prefetch_codes(off);
       for (int i = 0; i < NRT; ++i) {
         const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i * row_bytes + off));
         __m256i lo = _mm256_and_si256(raw, low4);                         // codes 0-15 of runs 2p, 2p + 1

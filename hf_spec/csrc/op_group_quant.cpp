@@ -8,12 +8,11 @@
 // operator (registered for CompositeExplicitAutograd, which a CPU kernel takes precedence over).
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
-#include <c10/core/GradMode.h>
 #include <torch/library.h>
 
-#include <cstdlib>
 #include <optional>
 
+#include "op_common.h"
 #include "skinny_gemm.h"
 
 namespace hf_spec {
@@ -32,15 +31,13 @@ at::Tensor python_path(const at::Tensor& x, const at::Tensor& codes, const at::T
   return op.call(x, codes, scale, min, high, bias, layout, group_size, int8_activations, zero_point);
 }
 
-bool plain(const at::Tensor& t) { return t.device().is_cpu() && t.layout() == at::kStrided && t.is_contiguous(); }
-
 // whether the kernel reads these tensors as given (their dtypes, shapes and memory; the layout's own rules are
 // `group_quant_valid`'s, on the weight made of them)
 bool fits(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale, const OptTensor& min,
           const OptTensor& high, const OptTensor& bias, int64_t layout, int64_t group) {
   const auto xt = x.scalar_type();
   if ((xt != at::kFloat && xt != at::kBFloat16) || !plain(x) || x.dim() == 0 || x.numel() == 0) return false;
-  if (x.requires_grad() && c10::GradMode::is_enabled()) return false;
+  if (wants_grad(x)) return false;
   const int64_t K = x.size(-1);
   if (K % 32 || group < 1 || codes.dim() != 2 || scale.dim() != 2 || !plain(codes) || !plain(scale)) return false;
   const int64_t N = scale.size(0);
@@ -55,7 +52,7 @@ bool fits(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
                            high->size(0) != N || high->size(1) != K / 32))
     return false;
   if (bias.has_value() && (bias->dim() != 1 || bias->size(0) != N || !bias->device().is_cpu() ||
-                           (bias->requires_grad() && c10::GradMode::is_enabled())))
+                           wants_grad(*bias)))
     return false;
   return true;
 }
@@ -63,11 +60,10 @@ bool fits(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
 at::Tensor group_quant_linear_cpu(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
                                   const OptTensor& min, const OptTensor& high, const OptTensor& bias, int64_t layout,
                                   int64_t group_size, bool int8_activations, int64_t zero_point) {
-  const char* off = std::getenv("HF_SPEC_NO_CPP_KERNELS");  // the Python path reads it as it does everywhere
   const auto python = [&] {
     return python_path(x, codes, scale, min, high, bias, layout, group_size, int8_activations, zero_point);
   };
-  if (!int8_activations || (off && *off) || best_isa() < kIsaAvx2 || zero_point < 0 || zero_point > 128 ||
+  if (!int8_activations || kernels_switched_off() || best_isa() < kIsaAvx2 || zero_point < 0 || zero_point > 128 ||
       !fits(x, codes, scale, min, high, bias, layout, group_size))
     return python();
   const int64_t K = x.size(-1), N = scale.size(0), M = x.numel() / K;

@@ -10,12 +10,11 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/ones.h>
-#include <c10/core/GradMode.h>
 #include <torch/library.h>
 
-#include <cstdlib>
 #include <optional>
 
+#include "op_common.h"
 #include "skinny_gemm.h"
 
 namespace hf_spec {
@@ -23,20 +22,13 @@ namespace {
 
 using OptTensor = std::optional<at::Tensor>;
 
-bool switched_off() {
-  const char* off = std::getenv("HF_SPEC_NO_CPP_KERNELS");  // the Python paths read it as they do everywhere
-  return off && *off;
-}
-
 bool kernel_dtype(const at::Tensor& t) {
   return t.device().is_cpu() && t.layout() == at::kStrided &&
          (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16);
 }
 
-bool wants_grad(const at::Tensor& t) { return t.requires_grad() && c10::GradMode::is_enabled(); }
-
 at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  const bool takes = !switched_off() && kernel_dtype(x) && weight.scalar_type() == x.scalar_type() &&
+  const bool takes = !kernels_switched_off() && kernel_dtype(x) && weight.scalar_type() == x.scalar_type() &&
                      kernel_dtype(weight) && x.dim() > 0 && weight.dim() == 1 && x.numel() > 0 &&
                      x.size(-1) == weight.numel() && x.is_contiguous() && weight.is_contiguous() &&
                      !wants_grad(x) && !wants_grad(weight);
@@ -77,7 +69,7 @@ bool attention_fits(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 
 at::Tensor rows_attention_cpu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                               const OptTensor& mask, double scaling, bool causal) {
-  if (switched_off() || !attention_fits(query, key, value, mask)) {
+  if (kernels_switched_off() || !attention_fits(query, key, value, mask)) {
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("hf_spec::rows_attention_py", "")
                                .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,

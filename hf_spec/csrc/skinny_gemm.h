@@ -57,8 +57,6 @@ struct GroupQuantWeight {
   const uint16_t* scale16 = nullptr;  // float16 scales [N, K / 32] instead of `scale` (int8-input kernel, group 32,
                                       // no stored min): GGUF's Q8_0 / Q4_0 / Q5_0 d, half the bytes
 };
-// scale j of a weight's scale row, from float32 or float16 (the scalar paths' conversion; exact)
-float half_to_float(uint16_t h);
 bool group_quant_valid(const GroupQuantWeight& w, int64_t K);
 // y = x @ w^T (+ bias), fp32 x, y and sums, w de-quantized in registers (gemm_group_quant.cpp)
 void skinny_gemm_gq(const float* x, const GroupQuantWeight& w, const float* bias, float* y, int64_t M, int64_t N,
