@@ -241,6 +241,83 @@ def test_int8_activation_tiles_give_the_same_bits_on_every_instruction_set():
             assert torch.equal(best, avx2), f"{name} {rows} rows"
 
 
+def _tiled_weights(out_features: int, in_features: int) -> dict[str, GroupQuantWeight]:
+    """Each weight of `_weights` with int8 activations, tiled (`name+x16`)."""
+    weights = _weights(out_features, in_features)
+    return {f"{name}+x16": _with_int8_activations(w).tiled() for name, w in weights.items()}
+
+
+def test_a_tiled_weight_holds_the_same_weight_in_the_same_bytes():
+    """Tiling reorders the codes, high bits, scales and mins of 16 rows at a time: the weight it de-quantizes to
+    (all rows, or any rows in any order, as an embedding looks them up), the bytes it reads and the row-major weight
+    it gives back are the same."""
+    for name, row_major in _weights(48, 160).items():
+        weight = _with_int8_activations(row_major)
+        tiled = weight.tiled()
+        assert tiled.layout.is_tiled and tiled.layout.rows is weight.layout, name
+        assert tiled.tiled() is tiled and tiled.nbytes == weight.nbytes
+        assert torch.equal(tiled.dequantize(), weight.dequantize()), name
+        rows = torch.tensor([47, 0, 17, 17, 31])
+        assert torch.equal(tiled.dequantize(rows), weight.dequantize(rows)), name
+        back = tiled.untiled()
+        for field in ("codes", "scale", "min", "high"):
+            a, b = getattr(back, field), getattr(weight, field)
+            assert (a is None and b is None) or torch.equal(a, b), f"{name} {field}"
+        assert back.int8_activations and back.zero_point == weight.zero_point
+        assert torch.equal(tiled.select_rows(rows).dequantize(), weight.dequantize(rows))
+    with pytest.raises(ValueError, match="divisible by 16"):
+        _weights(13, 128)["u4-min"].tiled()
+
+
+@pytest.mark.parametrize(
+    "isa",
+    [cpu_skinny_gemm.ISA_AUTO, cpu_skinny_gemm.ISA_AVX2, cpu_skinny_gemm.ISA_SCALAR],
+    ids=["best", "avx2", "scalar"],
+)
+def test_tiled_kernel_matches_its_torch_twin_and_gives_each_row_its_own_bits(isa):
+    """Tiled weights (every layout, min kind, group size and scale type) on the int8-input kernel: close to the
+    torch twin, each row's bits the same alone and among others (decoding, verification and prefill rows), with a
+    float32 bias; 48 outputs end in a tile of one block of 16 rows (tiles take 2 or 4)."""
+    _kernel_or_skip(isa)
+    bias = torch.randn(48)
+    weights = _tiled_weights(48, 128) | {f"{k} 160": w for k, w in _tiled_weights(48, 160).items()}
+    for name, weight in weights.items():
+        for rows in (1, 2, 3, 5, 17, 64, 130):
+            x = torch.randn(rows, weight.in_features, generator=torch.Generator().manual_seed(rows))
+            y = gq.kernel_group_linear(x, weight, bias, isa=isa)
+            torch.testing.assert_close(
+                y, gq.reference_group_linear(x, weight, bias), rtol=1e-5, atol=1e-5, msg=f"{name} {rows} rows"
+            )
+            alone = torch.cat(
+                [gq.kernel_group_linear(x[i : i + 1], weight, bias, isa=isa) for i in range(rows)]
+            )
+            assert torch.equal(alone, y), f"{name}: a row's bits depend on the rows beside it"
+
+
+def test_tiled_kernel_gives_the_same_bits_on_every_instruction_set():
+    """Exact integer sums and one float order: AVX512-VNNI, AVX2 and plain C++ give a tiled weight the same bits
+    (rows of 2,080 inputs: 65 runs; 64 outputs: tiles of 4 blocks when decoding)."""
+    _kernel_or_skip(cpu_skinny_gemm.ISA_AVX2)
+    weights = _tiled_weights(64, 2080) | _tiled_weights(32, 96)
+    for name, weight in weights.items():
+        for rows in (1, 4, 7):
+            x = torch.randn(rows, weight.in_features, generator=torch.Generator().manual_seed(rows)) * 4
+            best = gq.kernel_group_linear(x, weight, isa=cpu_skinny_gemm.ISA_AUTO)
+            for isa in (cpu_skinny_gemm.ISA_AVX2, cpu_skinny_gemm.ISA_SCALAR):
+                assert torch.equal(best, gq.kernel_group_linear(x, weight, isa=isa)), (
+                    f"{name} {rows} rows isa {isa}"
+                )
+
+
+def test_a_tiled_weight_without_int8_activations_runs_on_the_torch_twin():
+    """Tiled layouts are the int8-input kernel's: with float inputs the kernel declines and the twin runs."""
+    weight = _with_int8_activations(_weights(16, 64)["u5-zp"]).tiled()
+    weight.int8_activations = False
+    x = torch.randn(2, 64)
+    assert gq.kernel_group_linear(x, weight) is None
+    assert torch.equal(gq.group_linear(x, weight), gq.reference_group_linear(x, weight))
+
+
 def test_kernel_declines_what_it_does_not_take():
     weight = _weights(8, 64)["u4-min"]
     assert gq.kernel_group_linear(torch.randn(2, 64, dtype=torch.float16), weight) is None
@@ -251,16 +328,20 @@ def test_kernel_declines_what_it_does_not_take():
 
 def test_a_nan_input_gives_nan_outputs_with_int8_activations():
     _kernel_or_skip()
-    weight = _with_int8_activations(_weights(8, 64)["u5-min"])
-    x = torch.randn(2, 64)
-    x[1, 40] = float("nan")
-    y = gq.kernel_group_linear(x, weight)
-    assert torch.isnan(y[1]).all() and torch.isfinite(y[0]).all()
-    assert torch.isnan(gq.reference_group_linear(x, weight)[1]).all()
+    for weight in (
+        _with_int8_activations(_weights(8, 64)["u5-min"]),
+        _with_int8_activations(_weights(16, 64)["u5-zp"]).tiled(),
+    ):
+        x = torch.randn(2, 64)
+        x[1, 40] = float("nan")
+        y = gq.kernel_group_linear(x, weight)
+        assert torch.isnan(y[1]).all() and torch.isfinite(y[0]).all()
+        assert torch.isnan(gq.reference_group_linear(x, weight)[1]).all()
 
 
+@pytest.mark.parametrize("tiled", [False, True], ids=["rows", "x16"])
 @pytest.mark.parametrize("layout", [CodeLayout.I8, CodeLayout.U4, CodeLayout.U5])
-def test_the_kernels_int8_rounding_is_the_torch_twins(layout):
+def test_the_kernels_int8_rounding_is_the_torch_twins(layout, tiled):
     """A weight whose row n has code 1 at input n and 0 elsewhere (scale 1, min 0) gives y = x' exactly: the
     kernel's rounded inputs, bit for bit `quantize_activations`' (runs paired or not, the odd last run, ties)."""
     _kernel_or_skip()
@@ -269,6 +350,8 @@ def test_the_kernels_int8_rounding_is_the_torch_twins(layout):
     scale, low = torch.ones(k, k // 32), torch.zeros(k, k // 32)
     weight = GroupQuantWeight.from_codes(codes, scale, None if layout is CodeLayout.I8 else low, layout, 32)
     weight = _with_int8_activations(weight)
+    if tiled:
+        weight = weight.tiled()
     x = torch.randn(5, k, generator=torch.Generator().manual_seed(4)) * 3
     x[1, :32] = torch.arange(32) * (127 / 31) / 2 - 0.5 * (torch.arange(32) % 2)  # halves: round-to-even ties
     x[2, 32:64] = 0.0  # a run of zeros: d = 0
@@ -383,11 +466,12 @@ def test_the_operator_runs_in_cpp_once_the_kernel_loads_and_hands_on_what_it_doe
     function in Python (`group_quant_linear_py`): every path gives `group_linear`'s result."""
     _kernel_or_skip()
     assert torch._C._dispatch_has_kernel_for_dispatch_key("hf_spec::group_quant_linear", "CPU")
-    weights = _weights(8, 64)
+    weights = _weights(16, 64)
     x = torch.randn(3, 64).to(torch.bfloat16)
-    bias = torch.randn(8).to(torch.bfloat16)
+    bias = torch.randn(16).to(torch.bfloat16)
     for name in ("u5-zp-f16", "u5-min", "i8-32-f16", "u4-min"):
-        for weight in (weights[name], _with_int8_activations(weights[name])):
+        q8 = _with_int8_activations(weights[name])
+        for weight in (weights[name], q8, q8.tiled()):
             args = (weight.codes, weight.scale, weight.min, weight.high, bias, weight.layout_code)
             rest = (weight.group_size, weight.int8_activations, weight.zero_point)
             expected = gq.group_linear(x, weight, bias)
@@ -533,6 +617,13 @@ def test_tiny_gguf_target_keeps_its_blocks_and_decodes_as_its_own_generate(tmp_p
     model, path = _tiny_gguf_target(tmp_path)
     quantize_gguf(model, path)
     assert all(m.packed.int8_activations for m in model.modules() if isinstance(m, QuantizedLinear))
+    # in the tiled layouts wherever the widths allow: the embedding is looked up in them too
+    tiles = [
+        m.packed.layout.is_tiled
+        for m in model.modules()
+        if isinstance(m, QuantizedLinear) and m.out_features % 16 == 0
+    ]
+    assert tiles and all(tiles)
     assert "int8 inputs" in quantization_report(model)
     from hf_spec.engine.target.profile import target_profile
 

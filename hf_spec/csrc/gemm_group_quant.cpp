@@ -136,16 +136,18 @@ static const TileGqFn kGq[3][2][NR_GQ][MR_GQ] = {
 }  // namespace
 
 bool group_quant_valid(const GroupQuantWeight& w, int64_t K) {
-  if (w.layout < kCodesI8 || w.layout > kCodesU5 || w.group < 1 || K % w.group) return false;
-  if (!w.codes || !(w.scale || w.scale16) || (w.scale && w.scale16) || (w.layout == kCodesU5 && !w.high)) return false;
+  if (w.layout < kCodesI8 || w.layout > kCodesU5x16 || w.group < 1 || K % w.group) return false;
+  const int rows = row_layout(w.layout);  // a tiled layout's rules are its row-major layout's
+  if (!w.codes || !(w.scale || w.scale16) || (w.scale && w.scale16) || (rows == kCodesU5 && !w.high)) return false;
   if (w.scale16 && (w.group != 32 || w.min)) return false;
   if (w.zero_point < 0 || (w.zero_point & (w.zero_point - 1)) || (w.zero_point && w.min)) return false;
-  return w.layout == kCodesI8 ? w.group % 16 == 0 : w.group % 32 == 0;
+  return rows == kCodesI8 ? w.group % 16 == 0 : w.group % 32 == 0;
 }
 
 void skinny_gemm_gq(const float* x, const GroupQuantWeight& w, const float* bias, float* y, int64_t M, int64_t N,
                     int64_t K, int isa) {
-  // (a zero point is the int8-input kernel's: the caller gives this one stored mins, `run_gemm_gq` checks)
+  // (a zero point and tiled layouts are the int8-input kernel's: the caller gives this one stored mins and row-major
+  // codes, `run_gemm_gq` checks)
   const bool simd = isa >= kIsaAvx2;
   const TileGqFn(*table)[MR_GQ] = kGq[w.layout][w.min ? 1 : 0];
   over_q_tiles(M, N, NR_GQ, MR_GQ, NR_GQ * K * std::max<int64_t>(M, 4),

@@ -19,6 +19,7 @@
 
 #include <torch/headeronly/util/Half.h>  // c10::detail::fp16_ieee_to_fp32_value: the scalar paths' float16 scales
 
+#include "quantize_x_q8.h"
 #include "skinny_gemm.h"
 
 namespace hf_spec {
@@ -30,124 +31,10 @@ constexpr int NR_Q8 = 2;  // rows of w per tile
 constexpr int NR_Q8_WIDE = 4;
 constexpr int64_t kShortRows = 2048;
 constexpr int MR_Q8 = 4;  // rows of x per tile: 2 x 4 accumulators; a row of w is unpacked once for 4 rows of x
-constexpr int RUN_Q8 = 32;
 // how far ahead of a tile its rows of w are prefetched when x has one row: the next tile alone (1.8 KB of U5 rows
 // of 896) left decoding Q5_0 rows short of the memory's bandwidth; with more rows of x, going further cost time
 constexpr int64_t kPrefetchBytes = 8192;
 
-// the rows of x quantized: q [M, K] (int8, in the order above), d [M, K / 32] (fp32) and, where w has mins,
-// gsum [M, K / group]: sum over each group of x' (fp32, runs in order)
-struct QuantizedRows {
-  std::vector<int8_t> q;
-  std::vector<float> d;
-  std::vector<float> dpair;  // packed weights: [M, K / 64, 8], lanes 0-3 d of run 2p, lanes 4-7 d of run 2p + 1
-  std::vector<float> gsum;
-  std::vector<int32_t> half_group;  // [K / 16]: the group of inputs 16h..16h + 15 (no division in the tiles)
-  std::vector<int32_t> half_sum;    // [K / 16]: one row's sum of the codes of inputs 16h..16h + 15
-  int64_t K = 0, runs = 0, groups = 0, group = 0;  // group: the group size `half_group` was made for
-};
-
-// run r of a row of x: its scale d (returned), codes 0-15 at q[0..15] and codes 16-31 at q[hi..hi + 15] (hi = 16:
-// natural order; 32: paired with the neighbouring run), and the integer sums of codes 0-15 and 16-31 in halves[0..1]
-float quantize_run(const float* x, int8_t* q, int hi, int32_t* halves) {
-  float amax = 0.f;
-  bool finite = true;
-  for (int i = 0; i < RUN_Q8; ++i) {
-    amax = std::max(amax, std::fabs(x[i]));
-    finite = finite && std::isfinite(x[i]);
-  }
-  if (!finite) {  // a NaN or infinite input: the run's scale is NaN, so every output it reaches is NaN, as in float
-    for (int i = 0; i < 16; ++i) q[i] = q[hi + i] = 0;
-    halves[0] = halves[1] = 0;
-    return std::numeric_limits<float>::quiet_NaN();
-  }
-  const float d = amax / 127.f;
-  const float id = d > 0.f ? 1.f / d : 0.f;
-  halves[0] = halves[1] = 0;
-  for (int i = 0; i < 32; ++i) {
-    const auto c = static_cast<int8_t>(std::nearbyint(x[i] * id));
-    q[i < 16 ? i : hi + i - 16] = c;
-    halves[i / 16] += c;
-  }
-  return d;
-}
-
-// the same with AVX2: the same products x * id, rounded to nearest even, so the same codes
-HF_AVX2 float quantize_run_avx2(const float* x, int8_t* q, int hi, int32_t* halves) {
-  __m256 v[4], amax = _mm256_setzero_ps();
-  const __m256 sign = _mm256_set1_ps(-0.f), inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
-  int finite = 0xFF;
-  for (int i = 0; i < 4; ++i) {
-    v[i] = _mm256_loadu_ps(x + 8 * i);
-    const __m256 a = _mm256_andnot_ps(sign, v[i]);
-    finite &= _mm256_movemask_ps(_mm256_cmp_ps(a, inf, _CMP_LT_OQ));  // false for NaN and +-inf
-    amax = _mm256_max_ps(amax, a);
-  }
-  if (finite != 0xFF) return quantize_run(x, q, hi, halves);  // the scalar path's NaN handling
-  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-  m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
-  const float d = _mm_cvtss_f32(m4) / 127.f;
-  const __m256 id = _mm256_set1_ps(d > 0.f ? 1.f / d : 0.f);
-  __m256i c[4];
-  for (int i = 0; i < 4; ++i)
-    c[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  const __m256i s0 = _mm256_add_epi32(c[0], c[1]), s1 = _mm256_add_epi32(c[2], c[3]);
-  __m128i h0 = _mm_add_epi32(_mm256_castsi256_si128(s0), _mm256_extracti128_si256(s0, 1));
-  __m128i h1 = _mm_add_epi32(_mm256_castsi256_si128(s1), _mm256_extracti128_si256(s1, 1));
-  h0 = _mm_hadd_epi32(h0, h1);  // [a0 + a1, a2 + a3, b0 + b1, b2 + b3]
-  h0 = _mm_hadd_epi32(h0, h0);
-  halves[0] = _mm_cvtsi128_si32(h0);
-  halves[1] = _mm_extract_epi32(h0, 1);
-  // int32 -> int8 in order: packs interleave the 128-bit lanes, the permute puts them back
-  const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
-  const __m256i ordered = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm256_castsi256_si128(ordered));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + hi), _mm256_extracti128_si256(ordered, 1));
-  return d;
-}
-
-void quantize_rows(const float* x, const GroupQuantWeight& w, int64_t M, int64_t K, QuantizedRows& out, bool simd) {
-  const bool paired = w.layout != kCodesI8;
-  out.K = K;
-  out.runs = K / RUN_Q8;
-  out.groups = K / w.group;
-  out.q.resize(M * K);
-  out.d.resize(M * out.runs);
-  out.dpair.resize(paired ? M * (out.runs / 2) * 8 : 0);
-  const bool mins = w.min || w.zero_point;
-  out.gsum.assign(mins ? M * out.groups : 0, 0.f);
-  if (static_cast<int64_t>(out.half_group.size()) != K / 16 || out.group != w.group) {  // else the last call's
-    out.half_group.resize(K / 16);
-    for (int64_t h = 0; h < K / 16; ++h) out.half_group[h] = static_cast<int32_t>(h * 16 / w.group);
-    out.group = w.group;
-  }
-  std::vector<int32_t>& halves = out.half_sum;
-  halves.resize(K / 16);
-  for (int64_t m = 0; m < M; ++m) {
-    const float* xm = x + m * K;
-    int8_t* qm = out.q.data() + m * K;
-    float* dm = out.d.data() + m * out.runs;
-    for (int64_t r = 0; r < out.runs; ++r) {
-      int8_t* base = qm + r * RUN_Q8;
-      int hi = 16;
-      if (paired && (r | 1) < out.runs) {  // a run of a pair: codes 0-15 at +0 / +16, codes 16-31 at +32 / +48
-        base = qm + (r & ~int64_t{1}) * RUN_Q8 + (r & 1) * 16;
-        hi = 32;
-      }
-      dm[r] = (simd ? quantize_run_avx2 : quantize_run)(xm + r * RUN_Q8, base, hi, halves.data() + 2 * r);
-    }
-    if (paired) {  // the scales of a pair of runs as one vector's halves, read by the tiles with their products
-      float* pm = out.dpair.data() + m * (out.runs / 2) * 8;
-      for (int64_t p = 0; p < out.runs / 2; ++p)
-        for (int l = 0; l < 8; ++l) pm[8 * p + l] = dm[2 * p + l / 4];
-    }
-    if (mins) {  // sum of x' over each group, half runs in the order of the inputs (a group of 16 is half a run)
-      float* gm = out.gsum.data() + m * out.groups;
-      for (int64_t h = 0; h < K / 16; ++h) gm[out.half_group[h]] += dm[h / 2] * static_cast<float>(halves[h]);
-    }
-  }
-}
 
 // ---------------------------------------------------------------------------------------------- plain C++
 
@@ -213,16 +100,6 @@ HF_AVX2 inline void set_bit4_of_pair_avx2(const uint32_t* pair, __m256i& lo, __m
   const __m256i h = _mm256_and_si256(_mm256_shuffle_epi8(v, hi_src), lane_bit);
   lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(l, lane_bit), b4));
   hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(h, lane_bit), b4));
-}
-
-// 0x10 in byte i where bit i of `bits` is set
-HF_AVX2 inline __m256i bit4_of_bits(uint32_t bits) {
-  const __m256i spread = _mm256_shuffle_epi8(
-      _mm256_set1_epi32(static_cast<int>(bits)),
-      _mm256_setr_epi64x(0x0000000000000000LL, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL));
-  const __m256i lane_bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
-  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, lane_bit), lane_bit);
-  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
 }
 
 // set_bit4_of_pair_avx2 and bit4_of_bits with AVX-512 BW / VL byte masks: bit i of a mask adds 0x10 to byte i (bit
@@ -312,6 +189,7 @@ static const TileQ8Fn kQ8VnniF16[3][NR_Q8_WIDE][MR_Q8] = HF_Q8_TABLES(HF_Q8_TABL
 
 void skinny_gemm_gq_q8(const float* x, const GroupQuantWeight& w, const float* bias, float* y, int64_t M, int64_t N,
                        int64_t K, int isa) {
+  if (is_tiled_layout(w.layout)) return skinny_gemm_gq_q8_x16(x, w, bias, y, M, N, K, isa);
   thread_local QuantizedRows rows;  // reused: a decoding step quantizes a row per linear
   QuantizedRows& xq = rows;          // the caller's, named so that the threads below share it
   quantize_rows(x, w, M, K, xq, isa >= kIsaAvx2);

@@ -158,7 +158,8 @@ PyObject* run_gemm_gq(PyObject* args, bool int8_x) {
     w.scale = nullptr;
   }
   if (M < 1 || N < 1 || K < 1 || !p[0] || !p[6] || !group_quant_valid(w, K) || (int8_x && K % 32) ||
-      (!int8_x && (zero_point || scale_f16))) {
+      (!int8_x && (zero_point || scale_f16 || is_tiled_layout(layout))) ||
+      (is_tiled_layout(layout) && N % kTileRows)) {
     PyErr_Format(PyExc_ValueError, "%s: bad shape, layout, group size, zero point, scales or null pointer", name);
     return nullptr;
   }

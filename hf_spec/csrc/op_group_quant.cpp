@@ -41,8 +41,10 @@ bool fits(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
   const int64_t K = x.size(-1);
   if (K % 32 || group < 1 || codes.dim() != 2 || scale.dim() != 2 || !plain(codes) || !plain(scale)) return false;
   const int64_t N = scale.size(0);
-  const bool i8 = layout == kCodesI8;
-  if (codes.scalar_type() != (i8 ? at::kChar : at::kByte) || codes.size(0) != N || codes.size(1) != (i8 ? K : K / 2))
+  if (layout < kCodesI8 || layout > kCodesU5x16 || (is_tiled_layout(layout) && N % kTileRows)) return false;
+  const bool i8 = row_layout(layout) == kCodesI8;  // tiled int8 codes are stored + 128, as uint8
+  if (codes.scalar_type() != (layout == kCodesI8 ? at::kChar : at::kByte) || codes.size(0) != N ||
+      codes.size(1) != (i8 ? K : K / 2))
     return false;
   if (scale.size(1) * group != K || (scale.scalar_type() != at::kFloat && scale.scalar_type() != at::kHalf))
     return false;
@@ -78,7 +80,7 @@ at::Tensor group_quant_linear_cpu(const at::Tensor& x, const at::Tensor& codes, 
     w.scale16 = static_cast<const uint16_t*>(scale.data_ptr());
   else
     w.scale = scale.data_ptr<float>();
-  if (!group_quant_valid(w, K) || high.has_value() != (layout == kCodesU5)) return python();
+  if (!group_quant_valid(w, K) || high.has_value() != (row_layout(layout) == kCodesU5)) return python();
   at::Tensor b32;  // added in float32, as the Python path adds it
   if (bias.has_value()) b32 = bias->to(at::kFloat).contiguous();
   auto sizes = x.sizes().vec();

@@ -45,10 +45,24 @@ void skinny_gemm_bf16(const uint16_t* x, const uint16_t* w, const float* bias, f
                       int64_t K, int isa);
 // group-quantized weights (gemm_group_quant.cpp): w[n, k] = scale[n, k / group] * code[n, k] (+ min[n, k / group])
 // (the float-input kernel takes stored mins only; the int8-input one also a zero point)
-enum CodeLayout : int { kCodesI8 = 0, kCodesU4 = 1, kCodesU5 = 2 };
+// kCodes*x16: the same codes tiled for the int8-input kernel, 16 rows of w interleaved (gemm_group_quant_x16.cpp
+// says how), N a multiple of 16; their scales and mins are tiled too
+enum CodeLayout : int {
+  kCodesI8 = 0,
+  kCodesU4 = 1,
+  kCodesU5 = 2,
+  kCodesI8x16 = 3,
+  kCodesU4x16 = 4,
+  kCodesU5x16 = 5,
+};
+constexpr int kTileRows = 16;  // rows of w a tiled layout interleaves
+inline bool is_tiled_layout(int layout) { return layout >= kCodesI8x16 && layout <= kCodesU5x16; }
+// the row-major layout a tiled one tiles (a row-major one itself)
+inline int row_layout(int layout) { return is_tiled_layout(layout) ? layout - kCodesI8x16 : layout; }
 struct GroupQuantWeight {
-  const void* codes;      // kCodesI8: int8 [N, K]; kCodesU4 / kCodesU5: uint8 [N, K / 2], 32-code runs
-  const uint32_t* high;   // kCodesU5: [N, K / 32], bit i = bit 4 of code i of the run; else unused
+  const void* codes;      // kCodesI8: int8 [N, K]; kCodesU4 / kCodesU5: uint8 [N, K / 2], 32-code runs (tiled: the
+                          // same bytes in gemm_group_quant_x16.cpp's order)
+  const uint32_t* high;   // kCodesU5: [N, K / 32], bit i = bit 4 of code i of the run (tiled: reordered); else unused
   const float* scale;     // [N, K / group] (null where scale16 is given)
   const float* min;       // [N, K / group], or null
   int layout;             // a CodeLayout
@@ -65,6 +79,9 @@ void skinny_gemm_gq(const float* x, const GroupQuantWeight& w, const float* bias
 // (gemm_group_quant_q8.cpp); K a multiple of 32
 void skinny_gemm_gq_q8(const float* x, const GroupQuantWeight& w, const float* bias, float* y, int64_t M, int64_t N,
                        int64_t K, int isa);
+// the same for the tiled layouts (gemm_group_quant_x16.cpp), N a multiple of 16
+void skinny_gemm_gq_q8_x16(const float* x, const GroupQuantWeight& w, const float* bias, float* y, int64_t M,
+                           int64_t N, int64_t K, int isa);
 // skinny_gemm_gq (float x) or, with `int8_x`, skinny_gemm_gq_q8 on any number of rows, 64 at a time; x and y
 // float32, or bfloat16 where `x_bf16` / `y_bf16` (widened exactly, rounded once) (module.cpp)
 void gemm_gq_rows(const void* x, bool x_bf16, const GroupQuantWeight& w, const float* bias, void* y, bool y_bf16,
@@ -115,6 +132,16 @@ HF_AVX512 inline float hsum_avx512(__m512 a) {
   s = _mm_hadd_ps(s, s);
   s = _mm_hadd_ps(s, s);
   return _mm_cvtss_f32(s);
+}
+
+// 0x10 in byte i where bit i of `bits` is set
+HF_AVX2 inline __m256i bit4_of_bits(uint32_t bits) {
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(bits)),
+      _mm256_setr_epi64x(0x0000000000000000LL, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL));
+  const __m256i lane_bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, lane_bit), lane_bit);
+  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
 }
 
 // a dispatch table of tile functions, table[nr - 1][mr - 1], for 1..4 rows of w and 1..6 rows of x

@@ -73,7 +73,7 @@ def kernel_group_linear(
     rows beside it. A decoding step calls this once a linear, so it checks no more than the kernel's reads need."""
     plan = weight.kernel_plan()
     k, n = plan[5], plan[4]
-    if not _takes(x) or x.shape[-1] != k:
+    if not _takes(x) or x.shape[-1] != k or not _kernel_takes_layout(plan[6], plan[8]):
         return None
     if bias is not None and (bias.dtype != torch.float32 or bias.shape != (n,) or not bias.is_contiguous()):
         return None
@@ -81,6 +81,11 @@ def kernel_group_linear(
     if mod is None:
         return None
     return _launch(mod, x, plan[:4], n, plan[6], plan[7], plan[8], bias, isa, plan[9], plan[10])
+
+
+def _kernel_takes_layout(layout: int, int8_activations: bool) -> bool:
+    """Whether a kernel reads this layout: tiled ones are the int8-input kernel's only."""
+    return int8_activations or layout < CodeLayout.I8X16
 
 
 def _takes(x: torch.Tensor) -> bool:
@@ -126,6 +131,8 @@ def prepared_kernel_linear(
         return None
     plan = weight.kernel_plan()
     ptrs, n, k, layout, group, int8_activations, zero_point, scale_f16 = plan[:4], *plan[4:]
+    if not _kernel_takes_layout(layout, int8_activations):
+        return None
     b32 = None if bias is None else bias.detach().to(torch.float32).contiguous()
 
     def call(x: torch.Tensor) -> torch.Tensor | None:
@@ -211,6 +218,8 @@ def _kernel_call(
     for the call; None where the kernel does not take x or the weight (a zero point or float16 scales without int8
     inputs: the float kernel reads stored float32 ones), for the caller's slower path."""
     if not _takes(x) or (int8_activations and x.shape[-1] % ACTIVATION_RUN):
+        return None
+    if not _kernel_takes_layout(layout, int8_activations):
         return None
     if zero_point and not (int8_activations and zero_point in ZERO_POINTS and min is None):
         return None

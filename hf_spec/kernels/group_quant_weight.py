@@ -7,7 +7,8 @@ GGUF's block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K: `hf_spec.m
 and the int8 / int4 weights hf-spec makes at load all land here. Codes are int8 (`CodeLayout.I8`), or unsigned
 4-bit (`U4`) / 5-bit (`U5`: 4-bit plus a bit plane) packed two a byte. Where a weight has mins, `scale * code` is
 exact in float32 (the packers see to it), so the kernel's fused multiply-add and `dequantize` give the same weight
-bits. A format whose min is a fixed multiple of its scale (GGUF's Q4_0 and Q5_0: `d * (q - 8)`, `d * (q - 16)`) keeps
+bits. The int8-input kernel reads its weights tiled (`tiled()`: `I8X16`, `U4X16`, `U5X16`), the same codes with 16
+rows interleaved, so that one vector load gives 4 inputs of 16 rows. A format whose min is a fixed multiple of its scale (GGUF's Q4_0 and Q5_0: `d * (q - 8)`, `d * (q - 16)`) keeps
 that multiple as `zero_point` instead of a stored min: a quarter fewer bytes for Q5_0. Scales that are float16 values
 (GGUF's Q8_0, Q4_0 and Q5_0 `d`) may be kept as float16, exactly, where the groups are 32 inputs and no min is
 stored: the int8-input kernel reads them as they are (another 2 bytes less a group).
@@ -25,6 +26,7 @@ ACTIVATION_RUN = 32  # inputs per int8 scale of x with `int8_activations`
 DEQUANTIZE_ROWS = 4096  # rows of a weight de-quantized at a time
 # the zero points the kernels take: none (0) and powers of two, so that a made min `-z * scale` is exact
 ZERO_POINTS = frozenset({0} | {1 << i for i in range(8)})
+TILE_ROWS = 16  # rows of w a tiled layout interleaves
 
 
 class CodeLayout(enum.IntEnum):
@@ -33,6 +35,20 @@ class CodeLayout(enum.IntEnum):
     I8 = 0  # int8, one a weight
     U4 = 1  # unsigned 4-bit, two a byte: in each run of 32 codes byte i holds code i (low) and code i + 16 (high)
     U5 = 2  # U4 plus an int32 a run whose bit i is bit 4 of code i
+    # the same codes tiled for the int8-input kernel: rows in blocks of 16 (`hf_spec/csrc/gemm_group_quant_x16.cpp`
+    # gives the byte order), the scales and mins `[rows / 16, groups, 16]` (kept in `(rows, groups)` tensors)
+    I8X16 = 3  # uint8 code + 128, [rows / 16][inputs / 4][16][4]
+    U4X16 = 4  # [rows / 16][inputs / 8][16][4]: low nibble code 8j + i, high nibble code 8j + 4 + i
+    U5X16 = 5  # U4X16 plus high bits [rows / 16][inputs / 8][2] (uint64: bit 4r + i is bit 4 of row r's code)
+
+    @property
+    def is_tiled(self) -> bool:
+        return self.value >= CodeLayout.I8X16
+
+    @property
+    def rows(self) -> CodeLayout:
+        """The row-major layout this one tiles (itself where it is row-major)."""
+        return CodeLayout(self.value - 3) if self.is_tiled else self
 
 
 @dataclass
@@ -43,6 +59,8 @@ class GroupQuantWeight:
     `scale`, `min`: float32 `(out_features, in_features // group_size)` (`min` None where the format has none;
     `scale` float16 where `group_size` is 32 and there is no stored min);
     `high`: int32 `(out_features, in_features // 32)` (U5 only).
+    Tiled layouts (`tiled()`) hold the same numbers of bytes in the same shapes (I8X16 codes uint8), reordered;
+    `out_features` a multiple of 16 and `in_features` of 32.
 
     `int8_activations`: products with this weight quantize x first, each run of 32 inputs of a row to int8
     (`quantize_activations`), and multiply integers (as llama.cpp computes its GGUF weights); `in_features` a
@@ -68,10 +86,16 @@ class GroupQuantWeight:
         self.layout = CodeLayout(self.layout)
         self.layout_code = int(self.layout)
         n, k, g = self.scale.shape[0], self.in_features, self.group_size
-        step = 16 if self.layout is CodeLayout.I8 else RUN
+        rows = self.layout.rows
+        step = 16 if rows is CodeLayout.I8 else RUN
         if g < 1 or g % step or k % g:
             raise ValueError(f"{self.layout.name} group size {g} must be a multiple of {step} dividing {k}")
-        width = k if self.layout is CodeLayout.I8 else k // 2
+        if self.layout.is_tiled and (n % TILE_ROWS or k % RUN):
+            raise ValueError(
+                f"{self.layout.name} needs out_features divisible by {TILE_ROWS} and in_features by {RUN}, "
+                f"got {n} x {k}"
+            )
+        width = k if rows is CodeLayout.I8 else k // 2
         dtype = torch.int8 if self.layout is CodeLayout.I8 else torch.uint8
         if self.codes.shape != (n, width) or self.codes.dtype != dtype:
             raise ValueError(
@@ -84,7 +108,7 @@ class GroupQuantWeight:
                         continue
                     raise ValueError("float16 scales need groups of 32 inputs and no stored min")
                 raise ValueError(f"{name} must be float32 {(n, k // g)}, got {t.dtype} {tuple(t.shape)}")
-        if (self.high is not None) != (self.layout is CodeLayout.U5):
+        if (self.high is not None) != (rows is CodeLayout.U5):
             raise ValueError("high bits are given for U5 weights, and only for them")
         if self.high is not None and (self.high.shape != (n, k // RUN) or self.high.dtype != torch.int32):
             raise ValueError(
@@ -170,8 +194,10 @@ class GroupQuantWeight:
         fits = (
             codes.dim() == 2
             and codes.shape[0] == n
-            and codes.shape[1] == (k if layout == CodeLayout.I8 else k // 2)
+            and codes.shape[1] == (k if CodeLayout(layout).rows is CodeLayout.I8 else k // 2)
+            and codes.dtype is (torch.int8 if layout == CodeLayout.I8 else torch.uint8)
             and codes.is_contiguous()
+            and (not CodeLayout(layout).is_tiled or n % TILE_ROWS == 0)
             and (
                 scale.dtype is torch.float32
                 or (scale.dtype is torch.float16 and group_size == RUN and min is None)
@@ -183,7 +209,7 @@ class GroupQuantWeight:
                 min is None
                 or (min.shape == scale.shape and min.dtype is torch.float32 and min.is_contiguous())
             )
-            and (high is None) == (layout == CodeLayout.U5)
+            and (high is None) == (CodeLayout(layout).rows is CodeLayout.U5)
             and (high is None or (high.shape == (n, k // RUN) and high.is_contiguous()))
             and zero_point in ZERO_POINTS
             and (min is None or not zero_point)
@@ -231,6 +257,8 @@ class GroupQuantWeight:
 
     def unpacked_codes(self, rows: torch.Tensor | slice = slice(None)) -> torch.Tensor:
         """The integer codes of `rows`, int32 `(rows, in_features)`."""
+        if self.layout.is_tiled:
+            return self._tiled_codes(self._row_index(rows))
         codes = self.codes[rows]
         if self.layout is CodeLayout.I8:
             return codes.to(torch.int32)
@@ -241,6 +269,38 @@ class GroupQuantWeight:
             h = self.high[rows].to(torch.int64)[..., None] >> torch.arange(RUN, dtype=torch.int64)
             c = c | ((h & 1).to(torch.int32) << 4)
         return c.reshape(n, k)
+
+    def _row_index(self, rows: torch.Tensor | slice) -> torch.Tensor:
+        """`rows` as int64 indices."""
+        if isinstance(rows, slice):
+            return torch.arange(self.out_features, dtype=torch.int64)[rows]
+        return torch.as_tensor(rows, dtype=torch.int64).reshape(-1)
+
+    def _tiled_codes(self, index: torch.Tensor) -> torch.Tensor:
+        """The codes of rows `index` of a tiled weight, int32 `(rows, in_features)`."""
+        k, blocks = self.in_features, self.out_features // TILE_ROWS
+        block, r = index // TILE_ROWS, index % TILE_ROWS
+        if self.layout is CodeLayout.I8X16:
+            picked = self.codes.view(blocks, k // 4, TILE_ROWS, 4)[block, :, r, :]  # (rows, k / 4, 4)
+            return picked.reshape(-1, k).to(torch.int32) - 128
+        # (rows, k / 8, 4)
+        picked = self.codes.view(blocks, k // 8, TILE_ROWS, 4)[block, :, r, :].to(torch.int32)
+        c = torch.stack([picked & 15, picked >> 4], dim=2)  # (rows, k / 8, 2, 4): inputs 8j + 4h + i
+        if self.layout is CodeLayout.U5X16:
+            words = self.high.view(-1).view(torch.int64).view(blocks, k // 8, 2)[block]  # (rows, k / 8, 2)
+            shift = (4 * r)[:, None, None, None] + torch.arange(4, dtype=torch.int64)
+            c = c | (((words[..., None] >> shift) & 1).to(torch.int32) << 4)
+        return c.reshape(-1, k)
+
+    def _table_rows(self, table: torch.Tensor, rows: torch.Tensor | slice) -> torch.Tensor:
+        """Rows of a `(out_features, groups)` table (scale or min) in the row order, tiled or not."""
+        if not self.layout.is_tiled:
+            return table[rows]
+        index = self._row_index(rows)
+        groups = table.shape[1]
+        return table.view(self.out_features // TILE_ROWS, groups, TILE_ROWS)[
+            index // TILE_ROWS, :, index % TILE_ROWS
+        ]
 
     def dequantize(self, rows: torch.Tensor | slice | None = None) -> torch.Tensor:
         """The weight's `rows` (all: None), float32 `(rows, in_features)`: `scale * code (+ min)`, bit for bit the
@@ -253,16 +313,64 @@ class GroupQuantWeight:
             return out
         codes = self.unpacked_codes(rows).to(torch.float32)
         n, groups = codes.shape[0], self.in_features // self.group_size
-        scale = self.scale[rows].float()
+        scale = self._table_rows(self.scale, rows).float()
         w = codes.view(n, groups, self.group_size) * scale[..., None]
         if self.min is not None:
-            w = w + self.min[rows][..., None]
+            w = w + self._table_rows(self.min, rows)[..., None]
         elif self.zero_point:  # -z * scale exact: the same bits as a stored min
             w = w + (scale * -float(self.zero_point))[..., None]
         return w.view(n, self.in_features)
 
+    def tiled(self) -> GroupQuantWeight:
+        """This weight in its tiled layout (itself if tiled): what the int8-input kernel reads fastest, several
+        rows of x at a time. Needs `out_features` divisible by 16 and `in_features` by 32."""
+        if self.layout.is_tiled:
+            return self
+        n, k, blocks = self.out_features, self.in_features, self.out_features // TILE_ROWS
+        if n % TILE_ROWS or k % RUN:
+            raise ValueError(
+                f"tiled layouts need out_features divisible by {TILE_ROWS} and in_features by {RUN}, got {n} x {k}"
+            )
+        high = None
+        if self.layout is CodeLayout.I8:
+            stored = (self.codes.to(torch.int16) + 128).to(torch.uint8)
+            codes = stored.view(blocks, TILE_ROWS, k // 4, 4).transpose(1, 2)
+        else:
+            c = self.unpacked_codes().view(blocks, TILE_ROWS, k // 8, 2, 4)
+            codes = ((c[..., 0, :] & 15) | ((c[..., 1, :] & 15) << 4)).to(torch.uint8).transpose(1, 2)
+            if self.layout is CodeLayout.U5:
+                bits = ((c >> 4) & 1).to(torch.int64).permute(0, 2, 3, 1, 4).reshape(blocks, k // 8, 2, 64)
+                # distinct bits: their sum is their or
+                words = (bits << torch.arange(64, dtype=torch.int64)).sum(-1)
+                high = words.contiguous().view(torch.int32).view(n, k // RUN)
+        codes = codes.contiguous().view(n, -1)
+
+        def table(t: torch.Tensor | None) -> torch.Tensor | None:
+            if t is None:
+                return None
+            return t.view(blocks, TILE_ROWS, -1).transpose(1, 2).contiguous().view(n, -1)
+
+        layout = CodeLayout(self.layout.value + 3)
+        return GroupQuantWeight(codes, table(self.scale), table(self.min), high, layout, self.group_size, k,
+                                self.int8_activations, self.zero_point)  # fmt: skip
+
+    def untiled(self) -> GroupQuantWeight:
+        """This weight in its row-major layout (itself if row-major)."""
+        if not self.layout.is_tiled:
+            return self
+        index = self._row_index(slice(None))
+        scale = self._table_rows(self.scale, index).contiguous()
+        low = None if self.min is None else self._table_rows(self.min, index).contiguous()
+        weight = GroupQuantWeight.from_codes(
+            self.unpacked_codes(), scale, low, self.layout.rows, self.group_size, self.zero_point
+        )
+        weight.int8_activations = self.int8_activations
+        return weight
+
     def select_rows(self, index: torch.Tensor) -> GroupQuantWeight:
-        """The weight made of rows `index` (int64 `(rows,)`), in that order."""
+        """The weight made of rows `index` (int64 `(rows,)`), in that order (row-major)."""
+        if self.layout.is_tiled:
+            return self.untiled().select_rows(index)
 
         def pick(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.index_select(0, index)
@@ -280,4 +388,12 @@ class GroupQuantWeight:
         )
 
 
-__all__ = ["ACTIVATION_RUN", "DEQUANTIZE_ROWS", "RUN", "ZERO_POINTS", "CodeLayout", "GroupQuantWeight"]
+__all__ = [
+    "ACTIVATION_RUN",
+    "DEQUANTIZE_ROWS",
+    "RUN",
+    "TILE_ROWS",
+    "ZERO_POINTS",
+    "CodeLayout",
+    "GroupQuantWeight",
+]

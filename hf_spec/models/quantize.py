@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hf_spec.kernels.group_quant_weight import CodeLayout, GroupQuantWeight
+from hf_spec.kernels.group_quant_weight import RUN, TILE_ROWS, CodeLayout, GroupQuantWeight
 from hf_spec.kernels.rows_attention import ROWS_ATTENTION, use_rows_attention
 from hf_spec.models.downloads import MARKER
 from hf_spec.models.quant_modules import FusedRMSNorm, QuantizedEmbedding, QuantizedLinear, fuse_rms_norms
@@ -173,6 +173,8 @@ def quantize_gguf(model: nn.Module, gguf_path: str | Path, int8_activations: boo
                 f"{Path(gguf_path).name}'s {tensor.name} does not de-quantize to the loaded {hf_name}: the model was "
                 "not converted from this GGUF"
             )
+        if int8_activations and packed.out_features % TILE_ROWS == 0 and packed.in_features % RUN == 0:
+            packed = packed.tiled()  # the int8-input kernel's fast layout
         scheme = f"gguf {GGMLQuantizationType(tensor.tensor_type).name}"
         replacements.append((hf_name.removesuffix(".weight"), module, packed, scheme))
     # replaced once every tensor has been checked: a refused GGUF leaves the model as it was
