@@ -285,7 +285,7 @@ using TileX16Fn = void (*)(const X16&, int64_t, int64_t, bool);
 #define HF_X16_ROW(L, T) {tile_x16_vnni<L, T, 1>, tile_x16_vnni<L, T, 2>, tile_x16_vnni<L, T, 3>, tile_x16_vnni<L, T, 4>}
 #define HF_X16_TABLE(L) {HF_X16_ROW(L, 1), HF_X16_ROW(L, 2), HF_X16_ROW(L, 3), HF_X16_ROW(L, 4)}
 // [layout - kCodesI8x16][blocks - 1][rows of x - 1]
-static const TileX16Fn kX16Vnni[3][kBlocksDecode][kRowsVnni] = {
+static const TileX16Fn kX16Vnni[3][4][kRowsVnni] = {
     HF_X16_TABLE(kCodesI8x16), HF_X16_TABLE(kCodesU4x16), HF_X16_TABLE(kCodesU5x16)};
 static const TileX16Fn kX16Avx2[3][kRowsAvx2] = {
     {tile_x16_avx2<kCodesI8x16, 1>, tile_x16_avx2<kCodesI8x16, 2>},

@@ -7,7 +7,8 @@ give the same bits.
     python lab/quantized_cpu/kernel_build_ab.py --base e7676f0~1 [--repeats 6] [--threads 1] [--by-format] [--quantize int4]
 
 Both builds are called with the checkout's arguments: a base before 59a8255 (where the group-quantized kernel took
-its zero point and float16 scales) cannot be called by a later checkout.
+its zero point and float16 scales) cannot be called by a later checkout, and one before 8337bf1 reads no tiled
+layout (`--row-major` gives both builds the row-major weights the target's tiled ones come from).
 """
 
 import argparse
@@ -47,6 +48,7 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--isa", type=int, default=csg.ISA_AUTO, help="1: AVX2 (-1: the CPU's best)")
     p.add_argument("--by-format", action="store_true", help="also a table per GGUF format and shape")
+    p.add_argument("--row-major", action="store_true", help="the weights untiled (for bases without tiles)")
     p.add_argument(
         "--quantize", default="gguf", choices=("gguf", "int8", "int4"), help="the target's weights"
     )
@@ -67,19 +69,22 @@ def main() -> int:
     model, _ = load_model("qwen2.5-coder-0.5b-instruct", dtype=torch.bfloat16, quantize=args.quantize)
     mods = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
     bias = {m: None if m.bias is None else m.bias.float() for m in mods}
+    weight = {m: m.packed.untiled() if args.row_major else m.packed for m in mods}
     xs = {
         (r, k): torch.randn(r, k).to(torch.bfloat16) for r in rows_list for k in {m.in_features for m in mods}
     }
 
     def outputs(module, rows):
         csg._module = module
-        return [kernel_group_linear(xs[(rows, m.in_features)], m.packed, bias[m], isa=args.isa) for m in mods]
+        return [
+            kernel_group_linear(xs[(rows, m.in_features)], weight[m], bias[m], isa=args.isa) for m in mods
+        ]
 
     def seconds(module, rows):
         csg._module = module
         t0 = time.perf_counter()
         for m in mods:
-            kernel_group_linear(xs[(rows, m.in_features)], m.packed, bias[m], isa=args.isa)
+            kernel_group_linear(xs[(rows, m.in_features)], weight[m], bias[m], isa=args.isa)
         return time.perf_counter() - t0
 
     def format_of(m) -> str:
@@ -95,7 +100,7 @@ def main() -> int:
         for name, group in by_format.items():
             t0 = time.perf_counter()
             for m in group:
-                kernel_group_linear(xs[(rows, m.in_features)], m.packed, bias[m], isa=args.isa)
+                kernel_group_linear(xs[(rows, m.in_features)], weight[m], bias[m], isa=args.isa)
             out[name] = time.perf_counter() - t0
         return out
 
