@@ -4,7 +4,7 @@ build (the machine's speed drifts too much for two runs to compare): 1, 2, 3, 4 
 and verifications of 1-7 drafted tokens). Both compute the same weights on the same rounded x, in a different order
 of float32 sums: the script checks they agree to float32 rounding.
 
-    python lab/quantized_cpu/tiled_layout_ab.py [--repeats 6] [--threads 2] [--rows 1,2,3,4,8] [--by-format]
+    python lab/quantized_cpu/tiled_layout_ab.py [--repeats 6] [--threads 2] [--rows 1,2,3,4,8] [--by-format] [--isa 1]
 """
 
 import argparse
@@ -31,6 +31,7 @@ def main() -> int:
     p.add_argument("--rows", default="1,2,3,4,8")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--by-format", action="store_true", help="also a table per GGUF format and shape")
+    p.add_argument("--isa", type=int, default=cpu_skinny_gemm.ISA_AUTO, help="1: AVX2 (-1: the CPU's best)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
@@ -48,8 +49,8 @@ def main() -> int:
     for rows in rows_list:
         xs = {k: torch.randn(rows, k).to(torch.bfloat16) for k in {w.in_features for w in tiled}}
         for a, b in zip(tiled, row_major, strict=True):
-            ya = kernel_group_linear(xs[a.in_features], a).float()
-            yb = kernel_group_linear(xs[b.in_features], b).float()
+            ya = kernel_group_linear(xs[a.in_features], a, isa=args.isa).float()
+            yb = kernel_group_linear(xs[b.in_features], b, isa=args.isa).float()
             scale = float(yb.abs().amax()) + 1e-6
             if float((ya - yb).abs().amax()) > 2e-2 * scale:  # bfloat16 outputs, rounded once each
                 raise SystemExit("the tiled and row-major kernels disagree")
@@ -61,14 +62,17 @@ def main() -> int:
                 t0 = time.perf_counter()
                 for w, kind in zip(weights, kinds, strict=True):
                     t = time.perf_counter()
-                    kernel_group_linear(xs[w.in_features], w)
+                    kernel_group_linear(xs[w.in_features], w, isa=args.isa)
                     each[kind] += time.perf_counter() - t
                 seconds[side].append(time.perf_counter() - t0)
                 for kind, s in each.items():
                     per[(side, kind)].append(s)
         totals[rows] = {side: statistics.median(v) * 1e3 for side, v in seconds.items()}
         by_kind[rows] = {key: statistics.median(v) * 1e3 for key, v in per.items()}
-    print(f"{args.target} --quantize gguf, bfloat16 x, {args.threads} threads, median of {args.repeats}\n")
+    isa = "the CPU's best ISA" if args.isa < 0 else f"ISA {args.isa}"
+    print(
+        f"{args.target} --quantize gguf, bfloat16 x, {args.threads} threads, {isa}, median of {args.repeats}\n"
+    )
     print(
         "| rows of x | row-major (ms) | tiled (ms) | tiled / row-major | row-major / its 1 row | tiled / its 1 row |"
     )
