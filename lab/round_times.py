@@ -36,6 +36,9 @@ def main() -> int:
     p.add_argument("--prompts", default=str(ROOT / "benchmarks/prompts/spec_bench_dev.jsonl"))
     p.add_argument("--count", type=int, default=4, help="prompts, one every 7 lines of the file")
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument(
+        "--ar-compiled", action="store_true", help="also transformers' compiled static-cache generate"
+    )
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
@@ -51,7 +54,7 @@ def main() -> int:
         return ids if torch.is_tensor(ids) else ids["input_ids"]
 
     def run(kwargs: dict, decoder: SpeculativeDecoder | None) -> dict:
-        total = dict(tokens=0, seconds=0.0, draft=0.0, verify=0.0, other=0.0, rounds=0)
+        total = dict(tokens=0, seconds=0.0, draft=0.0, verify=0.0, other=0.0, prefill=0.0, rounds=0)
         for row in prompts:
             ids = ids_of(row)
             t0 = time.perf_counter()
@@ -66,17 +69,30 @@ def main() -> int:
                 total["draft"] += s.time_draft
                 total["verify"] += s.time_verify
                 total["other"] += s.time_other
+                total["prefill"] += s.time_prefill
                 total["rounds"] += s.target_forwards - 1  # the prefill is a forward too
         return total
 
     print(f"{args.target} (--quantize {args.quantize}, {args.dtype}), {args.threads} threads, {len(prompts)} prompts, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")  # fmt: skip
-    print("| method | tok/s | ms a token | rounds | draft (ms a round) | verify | rest | tokens a round |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| method | tok/s | ms a token | rounds | draft (ms a round) | verify | rest | tokens a round "
+        "| prefill (ms a prompt) | outside the rounds (ms a prompt) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for _ in range(2):
         plain = run({}, None)
     print(f"| ar | {plain['tokens'] / plain['seconds']:.1f} | {1e3 * plain['seconds'] / plain['tokens']:.1f} | - | - "
-          "| - | - | 1 |")  # fmt: skip
+          "| - | - | 1 | - | - |")  # fmt: skip
+    if args.ar_compiled:  # as the benchmarks run `ar+compiled`: one static cache size for every prompt
+        longest = max(ids_of(row).shape[1] for row in prompts) + args.max_new_tokens
+        kwargs = dict(
+            cache_implementation="static", compile_config=compiled_generate_config(), max_cache_len=longest
+        )
+        for _ in range(2):
+            plain = run(kwargs, None)
+        print(f"| ar+compiled | {plain['tokens'] / plain['seconds']:.1f} | "
+              f"{1e3 * plain['seconds'] / plain['tokens']:.1f} | - | - | - | - | 1 | - | - |")  # fmt: skip
     config_dir = ROOT / "benchmarks/configs"
     for spec in args.methods:
         compiled = spec.endswith("+compiled")
@@ -97,7 +113,8 @@ def main() -> int:
         print(
             f"| {spec} | {t['tokens'] / t['seconds']:.1f} | {1e3 * t['seconds'] / t['tokens']:.1f} | {r} | "
             f"{1e3 * t['draft'] / r:.1f} | {1e3 * t['verify'] / r:.1f} | {1e3 * t['other'] / r:.1f} | "
-            f"{t['tokens'] / r:.2f} |"
+            f"{t['tokens'] / r:.2f} | {1e3 * t['prefill'] / len(prompts):.0f} | "
+            f"{1e3 * (t['seconds'] - t['draft'] - t['verify'] - t['other'] - t['prefill']) / len(prompts):.0f} |"
         )
     return 0
 
