@@ -33,6 +33,7 @@ namespace {
 constexpr int kBlocksDecode = 4;  // blocks of 16 rows of w a tile takes with one row of x (memory-bound decoding)
 constexpr int kBlocksVerify = 2;  // ... with several: 2 x 4 int32 sums + 2 x 4 fp32 accumulators in 32 zmm
 constexpr int kRowsVnni = 4;      // rows of x a tile takes on AVX512-VNNI
+constexpr int kRowsVnniWide = 8;  // ... with more than 4 rows of x: one block, 8 int32 sums + 8 fp32 accumulators
 constexpr int kRowsAvx2 = 2;      // ... on AVX2 (one block: 2 halves x 2 rows x (int32 sums + fp32) in 16 ymm)
 constexpr int kRowsScalar = 4;
 
@@ -287,6 +288,11 @@ using TileX16Fn = void (*)(const X16&, int64_t, int64_t, bool);
 // [layout - kCodesI8x16][blocks - 1][rows of x - 1]
 static const TileX16Fn kX16Vnni[3][4][kRowsVnni] = {
     HF_X16_TABLE(kCodesI8x16), HF_X16_TABLE(kCodesU4x16), HF_X16_TABLE(kCodesU5x16)};
+#define HF_X16_WIDE(L) \
+  {tile_x16_vnni<L, 1, 1>, tile_x16_vnni<L, 1, 2>, tile_x16_vnni<L, 1, 3>, tile_x16_vnni<L, 1, 4>, \
+   tile_x16_vnni<L, 1, 5>, tile_x16_vnni<L, 1, 6>, tile_x16_vnni<L, 1, 7>, tile_x16_vnni<L, 1, 8>}
+static const TileX16Fn kX16VnniWide[3][kRowsVnniWide] = {
+    HF_X16_WIDE(kCodesI8x16), HF_X16_WIDE(kCodesU4x16), HF_X16_WIDE(kCodesU5x16)};
 static const TileX16Fn kX16Avx2[3][kRowsAvx2] = {
     {tile_x16_avx2<kCodesI8x16, 1>, tile_x16_avx2<kCodesI8x16, 2>},
     {tile_x16_avx2<kCodesU4x16, 1>, tile_x16_avx2<kCodesU4x16, 2>},
@@ -304,7 +310,12 @@ void skinny_gemm_gq_q8_x16(const float* x, const GroupQuantWeight& w, const floa
               K * (w.layout == kCodesI8x16 ? 16 : 8)};
   const int li = w.layout - kCodesI8x16;
   const int64_t blocks = N / kTileRows;
-  if (simd && isa >= kIsaAvx512 && has_vnni256()) {
+  if (simd && isa >= kIsaAvx512 && has_vnni256() && M > kRowsVnni) {
+    over_q_tiles(M, blocks, 1, kRowsVnniWide, kTileRows * K * std::max<int64_t>(M, 4) / 4,
+                 [&](int64_t b, int64_t, int64_t m, int64_t mr, int npf) {
+                   kX16VnniWide[li][mr - 1](a, b, m, npf > 0);
+                 });
+  } else if (simd && isa >= kIsaAvx512 && has_vnni256()) {
     const int64_t per_tile = M == 1 ? kBlocksDecode : kBlocksVerify;
     over_q_tiles(M, blocks, per_tile, kRowsVnni, per_tile * kTileRows * K * std::max<int64_t>(M, 4) / 4,
                  [&](int64_t b, int64_t nb, int64_t m, int64_t mr, int npf) {
