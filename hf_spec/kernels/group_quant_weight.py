@@ -8,10 +8,11 @@ and the int8 / int4 weights hf-spec makes at load all land here. Codes are int8 
 4-bit (`U4`) / 5-bit (`U5`: 4-bit plus a bit plane) packed two a byte. Where a weight has mins, `scale * code` is
 exact in float32 (the packers see to it), so the kernel's fused multiply-add and `dequantize` give the same weight
 bits. The int8-input kernel reads its weights tiled (`tiled()`: `I8X16`, `U4X16`, `U5X16`), the same codes with 16
-rows interleaved, so that one vector load gives 4 inputs of 16 rows. A format whose min is a fixed multiple of its scale (GGUF's Q4_0 and Q5_0: `d * (q - 8)`, `d * (q - 16)`) keeps
-that multiple as `zero_point` instead of a stored min: a quarter fewer bytes for Q5_0. Scales that are float16 values
-(GGUF's Q8_0, Q4_0 and Q5_0 `d`) may be kept as float16, exactly, where the groups are 32 inputs and no min is
-stored: the int8-input kernel reads them as they are (another 2 bytes less a group).
+rows interleaved, so that one vector load gives 4 inputs of 16 rows. A format whose min is a fixed multiple of its
+scale (GGUF's Q4_0 and Q5_0: `d * (q - 8)`, `d * (q - 16)`) keeps that multiple as `zero_point` instead of a stored
+min: a quarter fewer bytes for Q5_0. Scales that are float16 values (GGUF's Q8_0, Q4_0 and Q5_0 `d`) may be kept as
+float16, exactly, where the groups are 32 inputs and no min is stored: the int8-input kernel reads them as they are
+(another 2 bytes less a group).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class CodeLayout(enum.IntEnum):
     @property
     def rows(self) -> CodeLayout:
         """The row-major layout this one tiles (itself where it is row-major)."""
-        return CodeLayout(self.value - 3) if self.is_tiled else self
+        return CodeLayout(self.value - CodeLayout.I8X16) if self.is_tiled else self
 
 
 @dataclass
@@ -191,13 +192,14 @@ class GroupQuantWeight:
         shape checks the kernel's memory reads rely on but not the full ones: a compiled graph calls the op once a
         linear a step. Tensors that do not fit go through the full checks (which raise)."""
         n, k = scale.shape[0] if scale.dim() == 2 else -1, in_features
+        kind = CodeLayout(layout)
         fits = (
             codes.dim() == 2
             and codes.shape[0] == n
-            and codes.shape[1] == (k if CodeLayout(layout).rows is CodeLayout.I8 else k // 2)
+            and codes.shape[1] == (k if kind.rows is CodeLayout.I8 else k // 2)
             and codes.dtype is (torch.int8 if layout == CodeLayout.I8 else torch.uint8)
             and codes.is_contiguous()
-            and (not CodeLayout(layout).is_tiled or n % TILE_ROWS == 0)
+            and (not kind.is_tiled or n % TILE_ROWS == 0)
             and (
                 scale.dtype is torch.float32
                 or (scale.dtype is torch.float16 and group_size == RUN and min is None)
@@ -209,7 +211,7 @@ class GroupQuantWeight:
                 min is None
                 or (min.shape == scale.shape and min.dtype is torch.float32 and min.is_contiguous())
             )
-            and (high is None) == (CodeLayout(layout).rows is CodeLayout.U5)
+            and (high is None) == (kind.rows is CodeLayout.U5)
             and (high is None or (high.shape == (n, k // RUN) and high.is_contiguous()))
             and zero_point in ZERO_POINTS
             and (min is None or not zero_point)
@@ -350,7 +352,7 @@ class GroupQuantWeight:
                 return None
             return t.view(blocks, TILE_ROWS, -1).transpose(1, 2).contiguous().view(n, -1)
 
-        layout = CodeLayout(self.layout.value + 3)
+        layout = CodeLayout(self.layout.value + CodeLayout.I8X16)
         return GroupQuantWeight(codes, table(self.scale), table(self.min), high, layout, self.group_size, k,
                                 self.int8_activations, self.zero_point)  # fmt: skip
 
