@@ -14,7 +14,8 @@ from transformers import CompileConfig
 from hf_spec import SpeculativeDecoder
 from hf_spec.engine.compiled_step import CompiledStep, rewindable_cache
 from hf_spec.engine.target.compiled import WIDTHS, bucket
-from hf_spec.tree.masks import causal_mask, padded_block_mask
+from hf_spec.tree.draft_tree import DraftTree
+from hf_spec.tree.masks import causal_mask, padded_block_mask, padded_tree_mask
 from tests.conftest import make_tiny_model, prompt_ids
 from tests.test_methods import METHOD_SPECS, decoder_for
 
@@ -92,8 +93,24 @@ def test_padded_block_mask_keeps_the_rows_and_isolates_the_fillers():
     assert torch.equal(seen[:2, :5], mask[0, 0] == 0)
     assert not seen[:2, 5:].any()
     assert seen[2].nonzero().flatten().tolist() == [5] and seen[3].nonzero().flatten().tolist() == [6]
+    # past the block the slots are -inf (hf-spec's CPU attention skips those keys); inside it the mask's own values
+    assert torch.isneginf(padded[0, 0, :, 7:]).all()
+    assert torch.equal(padded[0, 0, :2, :5], mask[0, 0])
     with pytest.raises(ValueError, match="does not fit"):
         padded_block_mask(mask, 3, 4, 6)
+
+
+def test_padded_tree_mask_hides_with_minus_infinity_and_every_row_sees_a_slot():
+    tree = DraftTree(torch.tensor([5, 6, 7]), torch.tensor([-1, 0, 0]))  # root -> a -> (b, c)
+    mask = padded_tree_mask(tree, 3, 8, 16, torch.bfloat16)
+    assert mask.shape == (1, 1, 8, 16) and mask.dtype == torch.bfloat16
+    values = mask[0, 0]
+    assert ((values == 0) | torch.isneginf(values)).all()
+    seen = values == 0
+    assert seen.any(dim=1).all(), "a row that sees no slot would make attention's softmax undefined"
+    assert seen[:4, :3].all() and not seen[:, 11:].any()
+    assert seen[3, 3:7].tolist() == [True, True, False, True]  # c sees the root, a and itself, not b
+    assert seen[4:].nonzero()[:, 1].tolist() == [7, 8, 9, 10]  # fillers: their own slot only
 
 
 def test_a_compiled_step_computes_the_eager_step():

@@ -77,6 +77,16 @@ def test_masks_boolean_none_and_fully_masked_rows(kernel):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lowest_value_and_minus_infinity_masks_give_the_same_bits(kernel, dtype):
+    """transformers hides keys with the dtype's lowest value, hf-spec's padded masks with -inf (which the kernel
+    skips): in a row that sees some key, both give that key a weight of exactly 0, so the outputs are equal."""
+    q, k, v, mask = _inputs(dtype, keys=300)  # most keys hidden, as over a static cache's unfilled slots
+    lowest = mask.masked_fill(mask == float("-inf"), torch.finfo(dtype).min)
+    got = rows_attention_forward(_module(), q, k, v, mask, scaling=0.125)[0]
+    assert torch.equal(rows_attention_forward(_module(), q, k, v, lowest, scaling=0.125)[0], got)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_no_mask_means_what_sdpa_is_causal_means(kernel, dtype):
     """With no mask, several rows and more keys than rows (transformers' prefill into an empty static cache), row r
     sees keys 0..r, as `sdpa`'s `is_causal`, not the last keys."""
@@ -103,6 +113,27 @@ def test_static_cache_prefill_and_generate_equal_the_dynamic_cache(kernel):
     kwargs = dict(attention_mask=torch.ones_like(ids), max_new_tokens=20, min_new_tokens=20, do_sample=False)
     want = model.generate(ids, **kwargs)
     assert torch.equal(model.generate(ids, cache_implementation="static", **kwargs), want)
+
+
+@pytest.mark.parametrize("spec", ["pld:3", "oracle:4"])
+def test_compiled_rounds_of_a_quantized_target_equal_its_generate(kernel, spec):
+    """Compiled verification over a static cache of 3x the tokens: the padded mask hides the unfilled slots with
+    -inf, which the kernel skips; the tokens are the target's own `generate`'s, and every round ran compiled."""
+    from transformers import CompileConfig
+
+    from hf_spec import SpeculativeDecoder
+
+    model = quantize_target(make_tiny_model("qwen2").to(torch.bfloat16), "int4")
+    ids = torch.randint(3, model.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(2))
+    kwargs = dict(attention_mask=torch.ones_like(ids), max_new_tokens=24, min_new_tokens=24, do_sample=False)
+    want = model.generate(ids, **kwargs)
+    decoder = SpeculativeDecoder(spec, compile=True)
+    if spec.startswith("oracle"):
+        decoder.drafter_for(model).set_reference(want[0])
+    config = CompileConfig(backend="aot_eager", fullgraph=True)
+    got = model.generate(ids, custom_generate=decoder, compile_config=config, max_cache_len=108, **kwargs)
+    assert torch.equal(got, want)
+    assert decoder.last_stats.compiled_rounds == decoder.last_stats.target_forwards > 0
 
 
 def test_what_the_kernel_does_not_take_goes_to_sdpa(kernel, monkeypatch):

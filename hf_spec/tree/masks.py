@@ -194,7 +194,7 @@ def padded_tree_mask(
     sees a slot from `past_length + width` on.
 
     Returns:
-        `torch.FloatTensor` of shape `(1, 1, width, kv_len)`.
+        `torch.FloatTensor` of shape `(1, 1, width, kv_len)`: 0 where a query may attend, -inf elsewhere.
 
     Example (tokens `[a, b]`, parents `[-1, 0]`, past 2, width 4, kv_len 8; `x` a slot seen)::
 
@@ -213,7 +213,11 @@ def padded_tree_mask(
     allowed[:n, past_length : past_length + n] = torch.from_numpy(tree.ancestor_matrix())
     fillers = torch.arange(n, width)
     allowed[fillers, past_length + fillers] = True
-    return additive_mask(allowed, dtype).to(device)
+    # -inf, not the dtype's lowest value: every row sees at least its own slot, and hf-spec's CPU attention skips
+    # -inf keys (they add exact zeros) where it computes a lowest-value key's zero weight: over a static cache's
+    # unfilled slots that is most of the work
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
+    return mask[None, None].to(device)
 
 
 def padded_block_mask(mask: torch.Tensor, past_length: int, width: int, kv_len: int) -> torch.Tensor:
@@ -232,7 +236,8 @@ def padded_block_mask(mask: torch.Tensor, past_length: int, width: int, kv_len: 
         raise ValueError(
             f"a {tuple(mask.shape)} mask after {past_length} slots does not fit width {width} and {kv_len} slots"
         )
-    out = torch.full((1, 1, width, kv_len), torch.finfo(mask.dtype).min, dtype=mask.dtype, device=mask.device)
+    # -inf past the block (every row sees its own slot): hf-spec's CPU attention skips those keys
+    out = torch.full((1, 1, width, kv_len), float("-inf"), dtype=mask.dtype, device=mask.device)
     out[..., :rows, : past_length + rows] = mask
     fillers = torch.arange(rows, width, device=mask.device)
     out[0, 0, fillers, past_length + fillers] = 0
