@@ -56,6 +56,24 @@ def test_every_method_compiled_equals_generate(tiny_llama, spec):
         assert sum(step.compiled_calls for step in steps.values()) > 0
 
 
+def test_compiled_head_steps_trace_no_cached_lookup(tiny_llama):
+    """The head's cache keyword is looked up when the head is built, not in its traced step (dynamo warns about
+    tracing through a `functools.cache`d function)."""
+    import warnings
+
+    ids = prompt_ids(10, seed=3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tiny_llama.generate(
+            ids,
+            max_new_tokens=8,
+            do_sample=False,
+            compile_config=FAST,
+            custom_generate=compiled("eagle3", tiny_llama),
+        )
+    assert not [w for w in caught if "lru_cache" in str(w.message)]
+
+
 # methods whose drafter runs model forwards of its own (a head, or the target's first layers)
 MODEL_STEP_METHODS = {"early-exit", "eagle", "eagle3", "lyanna", "hispec"}
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
-from hf_spec.core.compat import cache_kwargs
+from hf_spec.core.compat import forward_cache_name
 from hf_spec.heads.family import build_layer_config, family_classes, layer_config_dict
 from hf_spec.models.fingerprint import check_fingerprint, target_fingerprint
 
@@ -84,6 +84,8 @@ class DraftHeadModel(PreTrainedModel):
         hidden = config.hidden_size
         self.fc = nn.Linear(2 * hidden, hidden, bias=True)
         self.layer = layer_cls(layer_config, layer_idx=0)
+        # the name the layer's forward takes its cache by, looked up here: a compiled head step traces no lookup
+        self._layer_cache_name = forward_cache_name(layer_cls)
         self.rotary_emb = rotary_cls(config=layer_config)
         self.register_buffer("d2t", torch.arange(config.draft_vocab_size), persistent=True)
         self.target_parts: TargetParts | None = None
@@ -140,7 +142,7 @@ class DraftHeadModel(PreTrainedModel):
             attention_mask=attention_mask,
             position_embeddings=position_embeddings,
             position_ids=position_ids,
-            **cache_kwargs(self.layer, cache),
+            **{self._layer_cache_name: cache},
             use_cache=cache is not None,
         )
         return out[0] if isinstance(out, tuple) else out

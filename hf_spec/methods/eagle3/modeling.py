@@ -38,7 +38,7 @@ from transformers.models.llama.modeling_llama import (
     LlamaRotaryEmbedding,
 )
 
-from hf_spec.core.compat import cache_kwargs
+from hf_spec.core.compat import forward_cache_name
 
 
 def default_hidden_state_indices(num_layers: int) -> tuple[int, ...]:
@@ -187,6 +187,8 @@ class Eagle3MidLayer(nn.Module):
         hidden = config.hidden_size
         self.norm_before_residual = config.norm_before_residual
         self.self_attn = LlamaAttention(layer, layer_idx=0)
+        # looked up here: a compiled head step traces no lookup
+        self._attn_cache_name = forward_cache_name(LlamaAttention)
         attn = self.self_attn
         for name in ("q_proj", "k_proj", "v_proj"):
             old = getattr(attn, name)
@@ -212,7 +214,7 @@ class Eagle3MidLayer(nn.Module):
             x,
             position_embeddings=position_embeddings,
             attention_mask=attention_mask,
-            **cache_kwargs(self.self_attn, cache),
+            **{self._attn_cache_name: cache},
         )[0]
         y = residual + attn
         return y + self.mlp(self.post_attention_layernorm(y))
