@@ -310,22 +310,25 @@ void skinny_gemm_gq_q8_x16(const float* x, const GroupQuantWeight& w, const floa
               K * (w.layout == kCodesI8x16 ? 16 : 8)};
   const int li = w.layout - kCodesI8x16;
   const int64_t blocks = N / kTileRows;
-  if (simd && isa >= kIsaAvx512 && has_vnni256() && M > kRowsVnni) {
-    over_q_tiles(M, blocks, 1, kRowsVnniWide, kTileRows * K * std::max<int64_t>(M, 4) / 4,
-                 [&](int64_t b, int64_t, int64_t m, int64_t mr, int npf) {
-                   kX16VnniWide[li][mr - 1](a, b, m, npf > 0);
-                 });
-  } else if (simd && isa >= kIsaAvx512 && has_vnni256()) {
-    const int64_t per_tile = M == 1 ? kBlocksDecode : kBlocksVerify;
-    over_q_tiles(M, blocks, per_tile, kRowsVnni, per_tile * kTileRows * K * std::max<int64_t>(M, 4) / 4,
-                 [&](int64_t b, int64_t nb, int64_t m, int64_t mr, int npf) {
-                   kX16Vnni[li][nb - 1][mr - 1](a, b, m, npf > 0);
-                 });
+  // the work of one block of 16 rows against x, from which the threads' grain is sized
+  const int64_t tile_work = kTileRows * K * std::max<int64_t>(M, 4) / 4;
+  if (simd && isa >= kIsaAvx512 && has_vnni256()) {
+    if (M > kRowsVnni) {
+      over_q_tiles(M, blocks, 1, kRowsVnniWide, tile_work, [&](int64_t b, int64_t, int64_t m, int64_t mr, int npf) {
+        kX16VnniWide[li][mr - 1](a, b, m, npf > 0);
+      });
+    } else {
+      const int64_t per_tile = M == 1 ? kBlocksDecode : kBlocksVerify;
+      over_q_tiles(M, blocks, per_tile, kRowsVnni, per_tile * tile_work,
+                   [&](int64_t b, int64_t nb, int64_t m, int64_t mr, int npf) {
+                     kX16Vnni[li][nb - 1][mr - 1](a, b, m, npf > 0);
+                   });
+    }
   } else if (simd) {
-    over_q_tiles(M, blocks, 1, kRowsAvx2, kTileRows * K * std::max<int64_t>(M, 4) / 4,
+    over_q_tiles(M, blocks, 1, kRowsAvx2, tile_work,
                  [&](int64_t b, int64_t, int64_t m, int64_t mr, int npf) { kX16Avx2[li][mr - 1](a, b, m, npf > 0); });
   } else {
-    over_q_tiles(M, blocks, 1, kRowsScalar, kTileRows * K * std::max<int64_t>(M, 4) / 4,
+    over_q_tiles(M, blocks, 1, kRowsScalar, tile_work,
                  [&](int64_t b, int64_t, int64_t m, int64_t mr, int) {
                    rows_scalar_x16(a, b * kTileRows, kTileRows, m, mr);
                  });

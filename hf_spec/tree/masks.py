@@ -20,19 +20,24 @@ import torch
 from hf_spec.tree.draft_tree import DraftTree
 
 
-def additive_mask(allowed: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def additive_mask(
+    allowed: torch.Tensor, dtype: torch.dtype = torch.float32, hidden: float | None = None
+) -> torch.Tensor:
     """Boolean "may attend" -> additive mask with a head axis.
 
     Args:
         allowed: `torch.BoolTensor` of shape `(q_len, kv_len)` or `(batch, q_len, kv_len)`.
+        hidden: the value of a hidden slot (None: the dtype's lowest value, transformers' convention; -inf where
+            every row sees some slot, which hf-spec's CPU attention skips).
 
     Returns:
         `torch.FloatTensor` of shape `(1, 1, q_len, kv_len)` or `(batch, 1, q_len, kv_len)`: 0 where allowed,
-        `torch.finfo(dtype).min` elsewhere.
+        `hidden` (default `torch.finfo(dtype).min`) elsewhere.
 
     Example: `[[True, False]]` -> `[[[[0, min]]]]`.
     """
-    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+    fill = torch.finfo(dtype).min if hidden is None else hidden
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, fill)
     return mask[None, None] if allowed.dim() == 2 else mask[:, None]
 
 
@@ -216,8 +221,7 @@ def padded_tree_mask(
     # -inf, not the dtype's lowest value: every row sees at least its own slot, and hf-spec's CPU attention skips
     # -inf keys (they add exact zeros) where it computes a lowest-value key's zero weight: over a static cache's
     # unfilled slots that is most of the work
-    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
-    return mask[None, None].to(device)
+    return additive_mask(allowed, dtype, hidden=float("-inf")).to(device)
 
 
 def padded_block_mask(mask: torch.Tensor, past_length: int, width: int, kv_len: int) -> torch.Tensor:
