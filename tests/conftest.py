@@ -77,16 +77,22 @@ def tiny_llama():
 
 @pytest.fixture
 def attention_calls(monkeypatch) -> list[tuple[torch.nn.Module, int]]:
-    """`(attention module, query rows)` of every call to hf-spec's attention function during the test."""
+    """`(attention module, query rows)` of every call to hf-spec's attention functions (grouped attention, and the
+    rows kernel's, which draft heads run where it builds) during the test."""
     from hf_spec.kernels import grouped_attention as ga
+    from hf_spec.kernels import rows_attention as ra
 
-    calls, real = [], ga.grouped_attention_forward
+    calls = []
 
-    def spy(module, query, *args, **kwargs):
-        calls.append((module, query.shape[2]))
-        return real(module, query, *args, **kwargs)
+    def spy_of(real):
+        def spy(module, query, *args, **kwargs):
+            calls.append((module, query.shape[2]))
+            return real(module, query, *args, **kwargs)
 
-    monkeypatch.setitem(ga.AttentionInterface._global_mapping, ga.NAME, spy)
+        return spy
+
+    monkeypatch.setitem(ga.AttentionInterface._global_mapping, ga.NAME, spy_of(ga.grouped_attention_forward))
+    monkeypatch.setitem(ga.AttentionInterface._global_mapping, ra.ROWS_ATTENTION, spy_of(ra.rows_attention_forward))
     return calls
 
 

@@ -171,7 +171,7 @@ def test_no_recompiles_over_a_long_generation_with_varying_trees():
     for spec in warm:  # warm-up: every width (chains of `width - 1` right tokens)
         dec = SpeculativeDecoder(spec, compile=True)
         model.generate(ids, max_new_tokens=128, do_sample=False, compile_config=FAST, custom_generate=dec)
-    assert {w for w, _ in model.__dict__["_hf_spec_compiled_verifier"].widths_compiled} == set(WIDTHS)
+    assert {w for _, w, _ in model.__dict__["_hf_spec_compiled_verifier"].widths_compiled} == set(WIDTHS)
     before = unique_graphs()
     ids = prompt_ids(12, seed=5)
     ref = model.generate(ids, max_new_tokens=128, do_sample=False)

@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from hf_spec.kernels.weight_only import QuantizedWeight, quantize_linears, quantized_linears
+from hf_spec.kernels.group_quant import reference_group_linear
+from hf_spec.kernels.weight_only import QuantizedWeight, quantize_linears, quantized_linears, tiles_run
 
 
 @pytest.mark.parametrize("scheme,tolerance", [("int8", 0.01), ("int4", 0.15)])
@@ -22,8 +23,12 @@ def test_packed_matmul_is_the_dequantized_weight(scheme, tolerance, dtype):
     bias = torch.randn(48, dtype=dtype)
     y = q.linear(x, bias)
     assert y.shape == (2, 1, 48) and y.dtype == dtype
-    ref = x.float() @ deq.t() + bias.float()
-    assert torch.allclose(y.float(), ref, rtol=0.02, atol=0.1)  # float32 inputs are computed in bfloat16
+    if q.tiles is not None:  # int4 on hf-spec's int8-input kernel: x rounded to int8 per run of 32 first
+        ref = reference_group_linear(x, q.tiles, bias)
+        assert torch.allclose(y.float(), ref, rtol=0.01, atol=0.02)
+    else:
+        ref = x.float() @ deq.t() + bias.float()
+        assert torch.allclose(y.float(), ref, rtol=0.02, atol=0.1)  # float32 inputs are computed in bfloat16
     many = torch.randn(q.max_rows + 1, 128, dtype=dtype)  # past max_rows: the original weight, exactly
     assert torch.equal(q.linear(many), nn.functional.linear(many, weight))
 
@@ -85,17 +90,41 @@ def test_bfloat16_int8_runs_hf_specs_kernels(monkeypatch):
     assert calls[0] == "kernel_linear_int8" and len(calls) >= 2
 
 
-def test_int4_reference_dequantization():
-    """Per group of 64 inputs: 16 levels from the group's min to its max (plain loop reference)."""
+@pytest.mark.parametrize("group_size", [0, 64])
+def test_int4_reference_dequantization(group_size):
+    """Per group of inputs (32 on hf-spec's int8-input kernel, else 64 on torch's int4 kernel; 64 asked for: torch's
+    kernel): 16 levels from the group's min to its max (plain loop reference; hf-spec's scales are bfloat16)."""
     torch.manual_seed(1)
     weight = torch.randn(16, 128)
-    deq = QuantizedWeight.from_weight(weight, "int4").dequantize()
+    q = QuantizedWeight.from_weight(weight, "int4", group_size=group_size)
+    assert (q.tiles is not None) == (group_size == 0 and tiles_run())
+    g_size, deq = q.group_size, q.dequantize()
+    assert g_size == (32 if q.tiles is not None else 64)
     for row in range(16):
-        for g in range(2):
-            w = weight[row, 64 * g : 64 * (g + 1)]
+        for g in range(128 // g_size):
+            w = weight[row, g_size * g : g_size * (g + 1)]
             step = (w.max() - w.min()) / 15
+            if q.tiles is not None:
+                step = step.to(torch.bfloat16).float()
             want = w.min() + ((w - w.min()) / step).round() * step
-            assert torch.allclose(deq[row, 64 * g : 64 * (g + 1)], want, atol=1e-4)
+            assert torch.allclose(deq[row, g_size * g : g_size * (g + 1)], want, atol=1e-4)
+
+
+def test_int4_drafts_run_the_int8_input_kernel():
+    """Where hf-spec's kernel builds, int4 draft weights are tiled int4 for its int8-input kernel, compiled through
+    the group-quant operator, and equal to that kernel's torch twin."""
+    if not tiles_run():
+        pytest.skip("hf-spec's kernel does not build here: torch's int4 kernel is used (tested above)")
+    torch.manual_seed(4)
+    weight = torch.randn(64, 96, dtype=torch.bfloat16)
+    q = QuantizedWeight.from_weight(weight, "int4")
+    assert q.packed is None and q.tiles.layout.is_tiled and q.tiles.int8_activations
+    for rows in (1, 3, 8):
+        x = torch.randn(rows, 96, dtype=torch.bfloat16)
+        want = reference_group_linear(x, q.tiles)
+        assert torch.allclose(q.linear(x).float(), want, rtol=0.01, atol=0.02)
+        compiled = torch.compile(q.linear, fullgraph=True, dynamic=False)
+        assert torch.equal(compiled(x), q.linear(x))
 
 
 def test_quantized_linears_patch_only_inside_the_block():

@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 
 import torch
@@ -41,9 +40,20 @@ OUTPUT_CACHE_FIELD = (
 )
 
 
-@functools.cache
+_CACHE_NAMES: dict[type, str] = {}
+
+
 def forward_cache_name(cls: type) -> str:
-    """The name under which `cls.forward` takes the KV cache (`cache` or `past_key_values`)."""
+    """The name under which `cls.forward` takes the KV cache (`cache` or `past_key_values`), looked up once a class
+    (a plain dict, not `functools.cache`: compiled drafter steps trace this lookup, and dynamo warns on a cached
+    function's wrapper)."""
+    name = _CACHE_NAMES.get(cls)
+    if name is None:
+        name = _CACHE_NAMES[cls] = _forward_cache_name(cls)
+    return name
+
+
+def _forward_cache_name(cls: type) -> str:
     try:
         params = inspect.signature(cls.forward).parameters
     except (TypeError, ValueError):

@@ -167,9 +167,9 @@ class CpuBackend(Backend):
 
     @contextlib.contextmanager
     def attention(self, config) -> Iterator[None]:
-        from hf_spec.kernels.grouped_attention import attention_of
+        from hf_spec.kernels.rows_attention import rows_attention_of
 
-        with attention_of(config):
+        with rows_attention_of(config):
             yield
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

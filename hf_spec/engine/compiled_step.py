@@ -17,11 +17,13 @@ import weakref
 from collections.abc import Callable
 
 import torch
+from torch import nn
 from transformers import Cache
 from transformers.cache_utils import StaticLayer
 
 from hf_spec.core.compat import call_without_output_capture
 from hf_spec.engine.target.compiled import RECOMPILE_LIMIT, WIDTHS, CompileSettings, bucket, whole_buffer_call
+from hf_spec.engine.target.module_guards import GuardedCompile
 from hf_spec.engine.target.static import RewindableStaticLayer
 from hf_spec.tree.masks import causal_mask, padded_block_mask
 
@@ -60,6 +62,8 @@ class CompiledStep:
         max_width: the widest call compiled (rounded up to a width in `WIDTHS`); wider ones run eagerly.
         layers: the cache layers `step` writes (default all): a drafter running the target's first layers writes
             those only.
+        modules: the modules `step` runs, summarized once a generation in place of dynamo's guards on them
+            (`hf_spec.engine.target.module_guards`); empty: dynamo keeps those guards.
     """
 
     def __init__(
@@ -69,35 +73,36 @@ class CompiledStep:
         settings: CompileSettings,
         max_width: int,
         layers: range | None = None,
+        modules: tuple[nn.Module, ...] = (),
     ) -> None:
         self.layers = [cache.layers[i] for i in (layers if layers is not None else range(len(cache.layers)))]
         if not all(isinstance(layer, RewindableStaticLayer) for layer in self.layers):
             raise TypeError("a compiled drafter step needs a rewindable static cache (rewindable_cache)")
-        self.step, self.cache, self.settings = step, cache, settings
+        self.step, self.cache, self.settings, self.modules = step, cache, settings, modules
         self.capacity = min(layer.max_cache_len for layer in self.layers)
         self.widths = tuple(w for w in WIDTHS if w <= (bucket(max_width) or WIDTHS[-1]))
-        self.kinds: set[tuple] = set()  # trailing shapes and dtypes of the rows of the calls compiled for
+        self.kinds: set[tuple] = (
+            set()
+        )  # (modules' token, rows' trailing shapes and dtypes) of the calls compiled for
         self.compiled_calls = self.eager_calls = 0
         self.failed: str | None = None  # why this step could not be compiled (it then runs eagerly)
-        self._forward = None
+        self._forward: GuardedCompile | None = None
         self._device: torch.device | None = None
 
     def _full(self, *rows_and_mask):
         *rows, mask = rows_and_mask
         return call_without_output_capture(self.step, *rows, mask, self.cache)
 
-    def _compiled(self, device: torch.device):
+    def _compiled(self, device: torch.device) -> GuardedCompile:
         if self._forward is None:
             self._device = device
-            self._forward = torch.compile(
-                self._full,
-                fullgraph=True,
-                dynamic=False,
-                backend=self.settings.backend,
-                mode=self.settings.mode_for(device),
-                options=self.settings.options,
-            )
+            self._forward = GuardedCompile(self._full, self.settings, device, self.modules)
         return self._forward
+
+    def new_generation(self) -> None:
+        """A generation begins: the modules are summarized again at its first compiled call."""
+        if self._forward is not None:
+            self._forward.new_generation()
 
     @property
     def past(self) -> int:
@@ -118,7 +123,9 @@ class CompiledStep:
         if mask is None:  # causal over the cache, as the eager step reads None
             dtype = next(r.dtype for r in rows if r.is_floating_point())
             mask = causal_mask(n, past, dtype, rows[0].device)
-        kind = tuple((tuple(r.shape[2:]), r.dtype) for r in rows)
+        guarded = self._compiled(mask.device)
+        guarded.current()  # a generation's first call summarizes the modules (`guarded.token`)
+        kind = (guarded.token, *((tuple(r.shape[2:]), r.dtype) for r in rows))
         try:
             if kind not in self.kinds:  # every width of this kind now, so none compiles in a later round
                 self.kinds.add(kind)
@@ -137,7 +144,7 @@ class CompiledStep:
         return out
 
     def _run(self, rows, mask: torch.Tensor, past: int, n: int, width: int) -> torch.Tensor:
-        forward = self._compiled(mask.device)
+        forward = self._compiled(mask.device).current()
         cuda_graphs = (
             self._device.type == "cuda" and self.settings.mode_for(self._device) == "reduce-overhead"
         )
@@ -168,18 +175,21 @@ def draft_steps(
     cache: Cache,
     settings: CompileSettings | None,
     steps: dict[str, tuple[Callable, int, range | None]],
+    modules: tuple[nn.Module, ...] = (),
 ) -> dict[str, Callable]:
     """A drafter's steps as it calls them in this generation. `steps` maps a name to `(step, max_width, layers)`:
     in an eager generation (`settings` None) the step itself, else a `CompiledStep` of it over `cache` writing
-    `layers`. The compiled ones are kept on `owner` and given again while the settings and the cache object are
-    the same, so a later generation compiles nothing."""
+    `layers` and running `modules`. The compiled ones are kept on `owner` and given again while the settings and
+    the cache object are the same, so a later generation compiles nothing."""
     if settings is None:
         return {name: step for name, (step, _, _) in steps.items()}
     kept = owner.__dict__.get("_hf_spec_draft_steps")
     if kept is not None and kept[0] == settings and kept[1]() is cache:
+        for step in kept[2].values():
+            step.new_generation()
         return kept[2]
     compiled = {
-        name: CompiledStep(step, cache, settings, width, layers)
+        name: CompiledStep(step, cache, settings, width, layers, modules)
         for name, (step, width, layers) in steps.items()
     }
     owner.__dict__["_hf_spec_draft_steps"] = (settings, weakref.ref(cache), compiled)

@@ -24,6 +24,7 @@ import torch
 
 RUN = 32  # codes per packed run (U4 / U5)
 ACTIVATION_RUN = 32  # inputs per int8 scale of x with `int8_activations`
+INT4_GROUP = 32  # inputs per scale and min of the int4 weights `quantize_int4` makes
 DEQUANTIZE_ROWS = 4096  # rows of a weight de-quantized at a time
 # the zero points the kernels take: none (0) and powers of two, so that a made min `-z * scale` is exact
 ZERO_POINTS = frozenset({0} | {1 << i for i in range(8)})
@@ -390,12 +391,40 @@ class GroupQuantWeight:
         )
 
 
+def quantize_int8(weight: torch.Tensor) -> GroupQuantWeight:
+    """Per-output-channel symmetric int8 of `weight` `(out, in)`: `scale = max |w| / 127` a row, codes in -127..127."""
+    w = weight.detach().float()
+    scale = (w.abs().amax(dim=1, keepdim=True) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+    codes = (w / scale).round().clamp(-127, 127).to(torch.int8)
+    return GroupQuantWeight.from_codes(codes, scale.contiguous(), None, CodeLayout.I8, w.shape[1])
+
+
+def quantize_int4(weight: torch.Tensor, group_size: int = INT4_GROUP) -> GroupQuantWeight:
+    """Grouped asymmetric int4 of `weight` `(out, in)`: per group of `group_size` inputs `min = low`, `scale = (high -
+    low) / 15` rounded to bfloat16 (so `scale * code` is exact in float32), codes in 0..15."""
+    w = weight.detach().float()
+    out_features, in_features = w.shape
+    groups = w.view(out_features, in_features // group_size, group_size)
+    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+    scale = ((high - low) / 15).to(torch.bfloat16).float()
+    scale = torch.where(
+        scale > 0, scale, torch.ones_like(scale)
+    )  # a constant group: codes 0, w = min exactly
+    codes = (
+        ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15).view(out_features, in_features)
+    )
+    return GroupQuantWeight.from_codes(codes, scale, low.contiguous(), CodeLayout.U4, group_size)
+
+
 __all__ = [
     "ACTIVATION_RUN",
     "DEQUANTIZE_ROWS",
+    "INT4_GROUP",
     "RUN",
     "TILE_ROWS",
     "ZERO_POINTS",
     "CodeLayout",
     "GroupQuantWeight",
+    "quantize_int4",
+    "quantize_int8",
 ]

@@ -7,7 +7,10 @@ kernels (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`) compute in bfloat
 float32 path is many times slower). For float32 or bfloat16 x, int8 runs hf-spec's own kernels instead, where
 they build: below `W8A8_MIN_ROWS` rows `kernel_linear_int8` (the int8 weights widened in registers, x and the sums
 in float32), from there on AVX512-VNNI `kernel_linear_w8a8` (each row of x quantized to int8 as well, the integer
-products summed exactly).
+products summed exactly). int4, where hf-spec's kernel builds, is made as a quantized target's int4 is (groups of
+32 inputs, `hf_spec.kernels.group_quant_weight.quantize_int4`) and runs the int8-input kernel of GGUF targets
+(each run of 32 inputs of x rounded to int8, the tiled layout): about 3x torch's int4 kernel for one to eight
+rows of a head's shapes; elsewhere torch's int4 kernel (groups of `int4_group_size`).
 
 Drafts only: verification always runs the target's own weights, so output stays exact; quantization can only
 change which tokens are drafted. Inputs with more than `max_rows` rows (a head's prompt catch-up) use the
@@ -26,6 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hf_spec.kernels import cpu_skinny_gemm
+from hf_spec.kernels.group_quant import quantized_linear
+from hf_spec.kernels.group_quant_weight import INT4_GROUP, RUN, TILE_ROWS, GroupQuantWeight, quantize_int4
 from hf_spec.kernels.skinny_linear import fast_linears, patched_forwards, skinny_linear
 
 SCHEMES = ("int8", "int4")
@@ -40,12 +45,15 @@ class QuantizedWeight:
 
     scheme: str
     weight: torch.Tensor  # (out, in), original
-    packed: torch.Tensor  # int8 (out, in) or the int4 kernel's packed layout
-    scales: torch.Tensor  # int8: (out,); int4: (in / group_size, out, 2) scale and zero
+    packed: (
+        torch.Tensor | None
+    )  # int8 (out, in) or torch's int4 kernel's packed layout (None: `tiles` instead)
+    scales: torch.Tensor | None  # int8: (out,); int4: (in / group_size, out, 2) scale and zero
     group_size: int = 0
     max_rows: int = 8
     qsum: torch.Tensor | None = None  # int8: int32 row sums of `packed` (the VNNI kernel's offset term)
     scales_f32: torch.Tensor | None = None  # int8: `scales` in float32, for hf-spec's kernels
+    tiles: GroupQuantWeight | None = None  # int4 for hf-spec's int8-input kernel, where it builds
 
     @classmethod
     def from_weight(
@@ -66,6 +74,10 @@ class QuantizedWeight:
             return cls(
                 scheme, weight, packed, scales.to(weight.dtype), 0, max_rows, qsum, scales.contiguous()
             )
+        if not group_size and in_features % RUN == 0 and out_features % TILE_ROWS == 0 and tiles_run():
+            tiles = quantize_int4(w, INT4_GROUP)
+            tiles.int8_activations = True
+            return cls(scheme, weight, None, None, INT4_GROUP, max_rows, tiles=tiles.tiled())
         group_size = group_size or int4_group_size(in_features)
         if not group_size or in_features % group_size or out_features % 16:
             raise ValueError(
@@ -83,6 +95,8 @@ class QuantizedWeight:
 
     def dequantize(self) -> torch.Tensor:
         """The weight the packed kernel computes with `(out, in)`, float32."""
+        if self.tiles is not None:
+            return self.tiles.dequantize()
         eye = torch.eye(self.weight.shape[1], dtype=torch.float32)
         return self._packed_mm(eye, fast=False).t().contiguous()
 
@@ -101,6 +115,8 @@ class QuantizedWeight:
             if y is not None:
                 y = y.to(x.dtype)
                 return y + bias if bias is not None else y
+        if self.tiles is not None:
+            return quantized_linear(x, self.tiles, bias)
         y = self._packed_mm(x.reshape(rows, x.shape[-1])).reshape(*x.shape[:-1], self.weight.shape[0])
         return y + bias if bias is not None else y
 
@@ -115,6 +131,12 @@ class QuantizedWeight:
                 x2d, self.packed, self.group_size, self.scales.to(x2d.dtype)
             )
         return y.to(out_dtype)
+
+
+def tiles_run() -> bool:
+    """Whether int4 draft weights run hf-spec's int8-input kernel here (it builds, with AVX2 or better)."""
+    loaded, isa, _, _ = cpu_skinny_gemm.kernel_state()
+    return loaded and isa >= cpu_skinny_gemm.ISA_AVX2
 
 
 def int4_group_size(in_features: int) -> int:
@@ -171,4 +193,5 @@ __all__ = [
     "int4_group_size",
     "quantize_linears",
     "quantized_linears",
+    "tiles_run",
 ]

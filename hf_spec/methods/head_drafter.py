@@ -166,7 +166,7 @@ class HeadDrafter(Drafter):
             cache.layers[0].crop_to(0)
             self.cache = cache
         steps = {name: (step, self.compiled_rows(), None) for name, step in self.head_steps().items()}
-        for name, step in draft_steps(self, cache, settings, steps).items():
+        for name, step in draft_steps(self, cache, settings, steps, modules=(self.head,)).items():
             setattr(self, name, step)
 
     @contextlib.contextmanager

@@ -167,7 +167,8 @@ def fuse_rms_norms(model: nn.Module) -> int:
     for name, module in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, FusedRMSNorm(module.weight, module.variance_epsilon, type(module).__name__))
+        fused = FusedRMSNorm(module.weight, module.variance_epsilon, type(module).__name__)
+        setattr(parent, child, fused.train(module.training))
     return len(targets)
 
 

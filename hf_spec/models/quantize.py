@@ -27,44 +27,26 @@ import numpy as np
 import torch
 from torch import nn
 
-from hf_spec.kernels.group_quant_weight import RUN, TILE_ROWS, CodeLayout, GroupQuantWeight
+from hf_spec.kernels.group_quant_weight import (
+    INT4_GROUP,
+    RUN,
+    TILE_ROWS,
+    quantize_int4,
+    quantize_int8,
+)
 from hf_spec.kernels.rows_attention import ROWS_ATTENTION, use_rows_attention
 from hf_spec.models.downloads import MARKER
 from hf_spec.models.quant_modules import FusedRMSNorm, QuantizedEmbedding, QuantizedLinear, fuse_rms_norms
 
 SCHEMES = ("int8", "int4", "gguf")
-INT4_GROUP = 32
 _CHECK_ROWS = 8  # rows of each weight compared with the loaded model's (mapping and permutation checks)
-
-
-def quantize_int8(weight: torch.Tensor) -> GroupQuantWeight:
-    """Per-output-channel symmetric int8 of `weight` `(out, in)`: `scale = max |w| / 127` a row, codes in -127..127."""
-    w = weight.detach().float()
-    scale = (w.abs().amax(dim=1, keepdim=True) / 127).clamp(min=torch.finfo(torch.float32).tiny)
-    codes = (w / scale).round().clamp(-127, 127).to(torch.int8)
-    return GroupQuantWeight.from_codes(codes, scale.contiguous(), None, CodeLayout.I8, w.shape[1])
-
-
-def quantize_int4(weight: torch.Tensor, group_size: int = INT4_GROUP) -> GroupQuantWeight:
-    """Grouped asymmetric int4 of `weight` `(out, in)`: per group of `group_size` inputs `min = low`, `scale = (high -
-    low) / 15` rounded to bfloat16 (so `scale * code` is exact in float32), codes in 0..15."""
-    w = weight.detach().float()
-    out_features, in_features = w.shape
-    groups = w.view(out_features, in_features // group_size, group_size)
-    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
-    scale = ((high - low) / 15).to(torch.bfloat16).float()
-    scale = torch.where(
-        scale > 0, scale, torch.ones_like(scale)
-    )  # a constant group: codes 0, w = min exactly
-    codes = (
-        ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15).view(out_features, in_features)
-    )
-    return GroupQuantWeight.from_codes(codes, scale, low.contiguous(), CodeLayout.U4, group_size)
 
 
 def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
     parent_name, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
+    parent = model.get_submodule(parent_name) if parent_name else model
+    module.train(getattr(parent, child).training)  # a new module is in training mode; keep the replaced one's
+    setattr(parent, child, module)
 
 
 def _dtype(model: nn.Module) -> torch.dtype:

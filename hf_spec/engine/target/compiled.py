@@ -21,6 +21,7 @@ import torch
 from transformers import PreTrainedModel, StaticCache
 
 from hf_spec.core.compat import GENERATE_CACHE_KEY, cache_kwargs
+from hf_spec.engine.target.module_guards import GuardedCompile
 from hf_spec.engine.target.static import RewindableStaticLayer, is_static, static_capacity, static_size
 from hf_spec.engine.target.windows import has_sliding_layers, windowed_mask
 from hf_spec.tree.draft_tree import DraftTree
@@ -80,17 +81,10 @@ class CompiledVerifier:
         self.capacity = static_capacity(cache)
         self.sliding = has_sliding_layers(model)
         self._cache_kwargs = cache_kwargs(model, cache)  # looked up here: not traced
-        self.widths_compiled: set[tuple[int, bool]] = set()
+        self.widths_compiled: set[tuple[int, int, bool]] = set()  # (modules' token, width, hidden states)
         self.compiled_calls = 0
         device = model.device
-        self._forward = torch.compile(
-            self._step,
-            fullgraph=True,
-            dynamic=False,
-            backend=settings.backend,
-            mode=settings.mode_for(device),
-            options=settings.options,
-        )
+        self._forward = GuardedCompile(self._step, settings, device, modules=(model,))
         self._cuda_graphs = device.type == "cuda" and settings.mode_for(device) == "reduce-overhead"
 
     def _step(self, input_ids, position_ids, mask, output_hidden_states: bool):
@@ -132,25 +126,33 @@ class CompiledVerifier:
             keys = torch.arange(self.capacity, device=device)[None].clone()
             keys[:, past : past + width] = positions
             mask = windowed_mask(self.model, mask, positions, keys)
-        key = (width, output_hidden_states)
+        forward = self._forward.current()
+        key = (self._forward.token, width, output_hidden_states)
         if key not in self.widths_compiled:
             logger.info("compiling the verification forward for %d rows", width)
             self.widths_compiled.add(key)
         # one graph per width, more than dynamo's default recompile limit for one function; a guard on global state
         # (a model class used for the first time) recompiles them all once more
         logits, hidden = whole_buffer_call(
-            self._forward, self.cache.layers, past, width, self._cuda_graphs, RECOMPILE_LIMIT,
+            forward, self.cache.layers, past, width, self._cuda_graphs, RECOMPILE_LIMIT,
             ids, positions, mask, output_hidden_states,
         )  # fmt: skip
         self.compiled_calls += 1
         hidden = tuple(h[:, :n] for h in hidden) if hidden is not None else None
         return SimpleNamespace(logits=logits[:, :n], hidden_states=hidden)
 
+    def new_generation(self) -> None:
+        """A generation begins: the modules are summarized again at its first compiled call
+        (`hf_spec.engine.target.module_guards`)."""
+        self._forward.new_generation()
+
     def warm_up(self, root: torch.Tensor, past: int, output_hidden_states: bool) -> None:
         """Compile every width not compiled yet (that fits after `past` slots) before the first round, so none
         compiles during a generation; the cache is left holding its `past` slots."""
+        self._forward.current()
         for width in WIDTHS:
-            if (width, output_hidden_states) in self.widths_compiled or past + width > self.capacity:
+            key = (self._forward.token, width, output_hidden_states)
+            if key in self.widths_compiled or past + width > self.capacity:
                 continue
             tree = DraftTree.chain([int(root[0, 0])] * (width - 1))
             self(root, tree, past, width, output_hidden_states)
@@ -184,6 +186,7 @@ def compiled_verifier(model: PreTrainedModel, cache, settings: CompileSettings) 
     same cache object and settings)."""
     kept = model.__dict__.get("_hf_spec_compiled_verifier")
     if kept is not None and kept.cache is cache and kept.settings == settings:
+        kept.new_generation()
         return kept
     if not all(isinstance(layer, RewindableStaticLayer) for layer in cache.layers):
         raise TypeError("a compiled verification needs a static cache (cache_implementation='static')")

@@ -101,7 +101,7 @@ class HiSpecDrafter(Drafter):
             name: (self._stage(start, end), width, range(start, end))
             for name, (start, end, width) in ranges.items()
         }
-        for name, step in draft_steps(self, cache, settings, steps).items():
+        for name, step in draft_steps(self, cache, settings, steps, modules=(self.model,)).items():
             setattr(self, name, step)
 
     def _stage(self, start: int, end: int):
