@@ -92,7 +92,9 @@ def attention_calls(monkeypatch) -> list[tuple[torch.nn.Module, int]]:
         return spy
 
     monkeypatch.setitem(ga.AttentionInterface._global_mapping, ga.NAME, spy_of(ga.grouped_attention_forward))
-    monkeypatch.setitem(ga.AttentionInterface._global_mapping, ra.ROWS_ATTENTION, spy_of(ra.rows_attention_forward))
+    monkeypatch.setitem(
+        ga.AttentionInterface._global_mapping, ra.ROWS_ATTENTION, spy_of(ra.rows_attention_forward)
+    )
     return calls
 
 

@@ -36,8 +36,12 @@ def main() -> int:
     weights = [torch.randn(out, inp, dtype=torch.bfloat16) * 0.02 for out, inp in SHAPES]
     torch_int4 = [QuantizedWeight.from_weight(w, "int4", group_size=64) for w in weights]
     hf_spec_int4 = [QuantizedWeight.from_weight(w, "int4") for w in weights]
-    print(f"torch {torch.__version__}, {args.threads} threads, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
-    print("| rows of x | torch's int4 kernel, groups of 64 (ms a step) | hf-spec's int8-input kernel, groups of 32 | ratio |")
+    print(
+        f"torch {torch.__version__}, {args.threads} threads, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n"
+    )
+    print(
+        "| rows of x | torch's int4 kernel, groups of 64 (ms a step) | hf-spec's int8-input kernel, groups of 32 | ratio |"
+    )
     print("|---|---|---|---|")
     for rows in (int(r) for r in args.rows.split(",")):
         xs = [torch.randn(rows, inp, dtype=torch.bfloat16) for _, inp in SHAPES]
