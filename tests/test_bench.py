@@ -222,13 +222,14 @@ def test_bench_compiled_rows_beside_eager_ones(prompt_file, tmp_path, monkeypatc
 
 def test_compiled_methods_keep_one_cache_length():
     """`fix_cache_length` gives a compiled method one static cache size for every call (one compile serves every
-    prompt); an eager method keeps transformers' default cache."""
+    prompt), transformers' compiled `generate` and hf-spec's compiled rounds alike; an eager method keeps
+    transformers' default cache."""
     from hf_spec.bench import runner
 
     compiled, eager = runner.Method("ar+compiled", None, None, 8), runner.Method("ar", None, None, 8)
-    rounds = runner.Method("pld+compiled", None, None, 8)  # hf-spec's compiled rounds: their own cache sizes
+    rounds = runner.Method("pld+compiled", None, None, 8)
     for method in (compiled, eager, rounds):
         method.fix_cache_length(300)
-    assert compiled.kwargs["max_cache_len"] == 300
+    assert compiled.kwargs["max_cache_len"] == 300 and rounds.kwargs["max_cache_len"] == 300
     assert compiled.kwargs["cache_implementation"] == "static"
-    assert "max_cache_len" not in eager.kwargs and "max_cache_len" not in rounds.kwargs
+    assert "max_cache_len" not in eager.kwargs

@@ -120,11 +120,12 @@ class Method:
         self.needs_reference = self.decoder is not None and self.decoder.config.method == "oracle"
 
     def fix_cache_length(self, tokens: int) -> None:
-        """transformers' compiled `generate` (`ar+compiled`) keeps a static cache of `tokens` for every call (prompt
-        and new tokens of the longest call), so one compiled graph serves every prompt instead of a new cache size,
-        and a recompile, per prompt that outgrows the last one. No effect on eager methods, nor on hf-spec's
-        compiled rounds, which size their cache in steps of their own."""
-        if self.compiled and self.decoder is None:
+        """A compiled method keeps a static cache of `tokens` for every call (prompt and new tokens of the longest
+        call): transformers' compiled `generate` (`ar+compiled`) and hf-spec's compiled rounds alike (hf-spec sizes
+        its own static cache for `max_cache_len` where that is larger than the call's `max_length`). One compiled
+        graph then serves every prompt, where a prompt that outgrew the last cache would compile again inside its
+        timed call. No effect on eager methods."""
+        if self.compiled:
             self.kwargs["max_cache_len"] = tokens
 
     def generate(self, input_ids: torch.Tensor, reference: torch.Tensor | None, counter: ForwardCounter):
