@@ -81,9 +81,8 @@ class CompiledStep:
         self.step, self.cache, self.settings, self.modules = step, cache, settings, modules
         self.capacity = min(layer.max_cache_len for layer in self.layers)
         self.widths = tuple(w for w in WIDTHS if w <= (bucket(max_width) or WIDTHS[-1]))
-        self.kinds: set[tuple] = (
-            set()
-        )  # (modules' token, rows' trailing shapes and dtypes) of the calls compiled for
+        # (modules' token, rows' trailing shapes and dtypes) of the calls compiled for
+        self.kinds: set[tuple] = set()
         self.compiled_calls = self.eager_calls = 0
         self.failed: str | None = None  # why this step could not be compiled (it then runs eagerly)
         self._forward: GuardedCompile | None = None

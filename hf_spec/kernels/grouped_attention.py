@@ -147,9 +147,10 @@ def dispatches_attention(model: nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def attention_of(config) -> Iterator[None]:
-    """Inside the block the layers built from `config` (a model's, or a draft head's layer config) run
-    `grouped_attention_forward` where they ran `sdpa`; `None` or `HF_SPEC_GROUPED_ATTENTION=0`: unchanged."""
+def attention_of(config, name: str = NAME) -> Iterator[None]:
+    """Inside the block the layers built from `config` (a model's, or a draft head's layer config) run the attention
+    function registered as `name` (default `grouped_attention_forward`) where they ran `sdpa`; `None` or
+    `HF_SPEC_GROUPED_ATTENTION=0`: unchanged."""
     if (
         config is None
         or grouped_attention_disabled()
@@ -157,7 +158,7 @@ def attention_of(config) -> Iterator[None]:
     ):
         yield
         return
-    config._attn_implementation = NAME
+    config._attn_implementation = name
     try:
         yield
     finally:

@@ -18,7 +18,6 @@ longer prompts, batches, dropout, soft-capping, sinks, autograd) goes to transfo
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -27,7 +26,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from hf_spec.kernels import cpu_skinny_gemm
-from hf_spec.kernels.grouped_attention import attention_of, grouped_attention_disabled
+from hf_spec.kernels.grouped_attention import NAME as GROUPED
+from hf_spec.kernels.grouped_attention import attention_of
 from hf_spec.kernels.ops import define_cpu_op
 
 ROWS_ATTENTION = "hf_spec_rows"
@@ -157,26 +157,15 @@ def use_rows_attention(model: nn.Module) -> bool:
     return True
 
 
-@contextlib.contextmanager
-def rows_attention_of(config) -> Iterator[None]:
+def rows_attention_of(config) -> contextlib.AbstractContextManager[None]:
     """Inside the block the layers built from `config` (a draft head's layer config) run `rows_attention_forward`
     where they ran `sdpa` and the kernel loads: a head step's one to few rows against its cache, compiled or not
-    (torch's flash kernel costs far more for a row, above all over a compiled step's whole static cache). Else, or
-    with `HF_SPEC_GROUPED_ATTENTION=0`, as `hf_spec.kernels.grouped_attention.attention_of`."""
-    if (
-        config is None
-        or grouped_attention_disabled()
-        or getattr(config, "_attn_implementation", None) != "sdpa"
-        or cpu_skinny_gemm.load_kernel() is None
-    ):
-        with attention_of(config):
-            yield
-        return
-    config._attn_implementation = ROWS_ATTENTION
-    try:
-        yield
-    finally:
-        config._attn_implementation = "sdpa"
+    (torch's flash kernel costs far more for a row, above all over a compiled step's whole static cache). Else
+    grouped attention (`hf_spec.kernels.grouped_attention.attention_of`); `HF_SPEC_GROUPED_ATTENTION=0`: neither."""
+    rows = (
+        getattr(config, "_attn_implementation", None) == "sdpa" and cpu_skinny_gemm.load_kernel() is not None
+    )
+    return attention_of(config, ROWS_ATTENTION if rows else GROUPED)
 
 
 __all__ = [

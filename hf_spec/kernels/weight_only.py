@@ -9,8 +9,9 @@ they build: below `W8A8_MIN_ROWS` rows `kernel_linear_int8` (the int8 weights wi
 in float32), from there on AVX512-VNNI `kernel_linear_w8a8` (each row of x quantized to int8 as well, the integer
 products summed exactly). int4, where hf-spec's kernel builds, is made as a quantized target's int4 is (groups of
 32 inputs, `hf_spec.kernels.group_quant_weight.quantize_int4`) and runs the int8-input kernel of GGUF targets
-(each run of 32 inputs of x rounded to int8, the tiled layout): about 3x torch's int4 kernel for one to eight
-rows of a head's shapes; elsewhere torch's int4 kernel (groups of `int4_group_size`).
+(each run of 32 inputs of x rounded to int8, the tiled layout): 0.5-0.7x the time of torch's int4 kernel for one
+to eight rows of a head's shapes (`lab/quantized_cpu/draft_int4_ab.py`); elsewhere torch's int4 kernel (groups of
+`int4_group_size`).
 
 Drafts only: verification always runs the target's own weights, so output stays exact; quantization can only
 change which tokens are drafted. Inputs with more than `max_rows` rows (a head's prompt catch-up) use the
@@ -45,9 +46,8 @@ class QuantizedWeight:
 
     scheme: str
     weight: torch.Tensor  # (out, in), original
-    packed: (
-        torch.Tensor | None
-    )  # int8 (out, in) or torch's int4 kernel's packed layout (None: `tiles` instead)
+    # int8 (out, in) or torch's int4 kernel's packed layout (None: `tiles` instead)
+    packed: torch.Tensor | None
     scales: torch.Tensor | None  # int8: (out,); int4: (in / group_size, out, 2) scale and zero
     group_size: int = 0
     max_rows: int = 8

@@ -47,11 +47,6 @@ def can_skip_module_guards() -> bool:
     return "isolate_recompiles" in inspect.signature(torch.compile).parameters
 
 
-def skip_module_guards(entries) -> list[bool]:
-    """`guard_filter_fn`: keep every guard whose source does not lie in an `nn.Module`."""
-    return torch.compiler.skip_guard_on_all_nn_modules_unsafe(entries)
-
-
 def _tensor_key(t: torch.Tensor) -> tuple:
     try:
         layout = (tuple(t.shape), t.stride(), t.storage_offset())
@@ -216,7 +211,8 @@ class GuardedCompile:
 
                 options = {**list_mode_options(mode), **options}
                 mode = None
-            options["guard_filter_fn"] = skip_module_guards
+            # keep every guard whose source does not lie in an `nn.Module`
+            options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
             kwargs["isolate_recompiles"] = True
         return torch.compile(
             self.fn,
@@ -229,4 +225,4 @@ class GuardedCompile:
         )
 
 
-__all__ = ["GuardedCompile", "can_skip_module_guards", "skip_module_guards", "structure_token"]
+__all__ = ["GuardedCompile", "can_skip_module_guards", "structure_token"]

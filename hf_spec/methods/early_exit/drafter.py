@@ -72,9 +72,8 @@ class EarlyExitDrafter(Drafter, StepwiseDrafter):
         self.exits.use_backend(state.backend)
         # one token per step (`propose`); Post-use's several-token feeds run eagerly
         steps = {"draft": (self._run_draft_layers, 1, range(self.exit_layer))}
-        self.draft_layers = draft_steps(self, state.cache, state.compile_settings, steps, (self.model,))[
-            "draft"
-        ]
+        drafted = draft_steps(self, state.cache, state.compile_settings, steps, modules=(self.model,))
+        self.draft_layers = drafted["draft"]
 
     def _run_draft_layers(self, hidden, position_ids, mask, cache) -> torch.Tensor:
         """The target's layers `[0, exit_layer)` over its cache: `(1, n, hidden_size)` in and out."""
