@@ -1,9 +1,8 @@
 """Compiled rounds without dynamo's per-call guards on the modules they run.
 
-Before every call of a compiled function dynamo checks its guards: for a target's verification forward about twelve
-thousand of them (each parameter's size, strides and aliasing, every module attribute the trace read), close to a
-millisecond of host time a call on a CPU, where a whole round is 20-30 ms. Nearly all of them guard the modules,
-which do not change while a generation runs.
+Before every call of a compiled function dynamo checks its guards: for a target's verification forward thousands of
+them (each parameter's size, strides and aliasing, every module attribute the trace read), host time that a CPU
+round pays on every call. Nearly all of them guard the modules, which do not change while a generation runs.
 
 So on CPU, where `torch.compile` can filter guards (`guard_filter_fn`) and give each compile call its own compiled
 entries (`isolate_recompiles`), hf-spec's compiled functions drop the guards whose source lies in an `nn.Module`
