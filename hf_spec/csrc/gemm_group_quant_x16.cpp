@@ -108,15 +108,10 @@ void rows_scalar_x16(const X16& a, int64_t n0, int64_t nr, int64_t m0, int64_t m
 
 // ---------------------------------------------------------------------------------------------- AVX-512 VNNI
 
-// blocks [b, b + T) of w against rows [m, m + MR) of x; `prefetch`: the next tile's codes and high bits a step ahead.
-// Each step unpacks the T blocks' codes first, then runs each row of x against all of them, so a broadcast of x
-// serves T blocks and no branch sits in the inner loop (without `prefetch` the loads' own lines are "prefetched").
-// With few accumulators (decoding) the low and high nibbles' products go to separate int32 sums, added at the
-// span's end, so that two chains of dependent dot products run side by side: integer sums, the same bits.
+// blocks [b, b + T) of w against rows [m, m + MR) of x; `prefetch`: the next tile's codes and high bits a step ahead
 template <int LAYOUT, int T, int MR>
 HF_VNNI256 void tile_x16_vnni(const X16& a, int64_t b, int64_t m, bool prefetch) {
   constexpr bool kI8 = LAYOUT == kCodesI8x16, kU5 = LAYOUT == kCodesU5x16;
-  constexpr bool kSplit = !kI8 && T * MR <= 4;
   const GroupQuantWeight& w = a.w;
   const int64_t K = a.K, runs = a.runs, groups = a.groups, bb = a.block_bytes;
   const uint8_t* codes = static_cast<const uint8_t*>(w.codes) + b * bb;
@@ -125,7 +120,6 @@ HF_VNNI256 void tile_x16_vnni(const X16& a, int64_t b, int64_t m, bool prefetch)
   const int off = (kI8 ? 128 : 0) + w.zero_point;  // what each stored code is above code - z
   const int8_t* q = a.xq.q.data() + m * K;
   const float* d = a.xq.d.data() + m * runs;
-  const int64_t ahead = prefetch ? T * bb : 0, ahead_high = prefetch ? T * high_words : 0;
   if (prefetch) {  // the next tile's scales and mins: small streams of their own
     const auto side = [&](const void* base, int64_t size) {
       const char* from = static_cast<const char*>(base) + (b + T) * groups * kTileRows * size;
@@ -142,61 +136,41 @@ HF_VNNI256 void tile_x16_vnni(const X16& a, int64_t b, int64_t m, bool prefetch)
   for (int t = 0; t < T; ++t)
     for (int j = 0; j < MR; ++j) acc[t][j] = _mm512_setzero_ps();
   for (int64_t k0 = 0; k0 < K; k0 += a.span) {
-    __m512i sum[T][MR], sum_hi[kSplit ? T : 1][kSplit ? MR : 1];
+    __m512i sum[T][MR];
     for (int j = 0; j < MR; ++j) {
       const __m512i init = _mm512_set1_epi32(-off * span_q_sum(a, m + j, k0));
       for (int t = 0; t < T; ++t) sum[t][j] = init;
     }
-    if constexpr (kSplit)
-      for (int t = 0; t < T; ++t)
-        for (int j = 0; j < MR; ++j) sum_hi[t][j] = _mm512_setzero_si512();
     if constexpr (kI8) {
       for (int64_t k = k0; k < k0 + a.span; k += 4) {
-        __m512i c[T];
         for (int t = 0; t < T; ++t) {
           const uint8_t* p = codes + t * bb + k * 16;
-          _mm_prefetch(reinterpret_cast<const char*>(p + ahead), _MM_HINT_T1);
-          c[t] = _mm512_loadu_si512(p);
-        }
-        for (int j = 0; j < MR; ++j) {
-          const __m512i qj = _mm512_set1_epi32(load_i32(q + j * K + k));
-          for (int t = 0; t < T; ++t) sum[t][j] = _mm512_dpbusd_epi32(sum[t][j], c[t], qj);
+          if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(p + T * bb), _MM_HINT_T1);
+          const __m512i c = _mm512_loadu_si512(p);
+          for (int j = 0; j < MR; ++j)
+            sum[t][j] = _mm512_dpbusd_epi32(sum[t][j], c, _mm512_set1_epi32(load_i32(q + j * K + k)));
         }
       }
     } else {
-      if constexpr (kU5)  // the span's high words (16 bytes a step of 8 inputs): a line for a span of 32
-        for (int t = 0; t < T; ++t)
-          _mm_prefetch(reinterpret_cast<const char*>(high + t * high_words + k0 / 8 * 2 + ahead_high), _MM_HINT_T1);
       for (int64_t k = k0; k < k0 + a.span; k += 8) {
-        __m512i lo[T], hi[T];
         for (int t = 0; t < T; ++t) {
           const uint8_t* p = codes + t * bb + k * 8;
-          _mm_prefetch(reinterpret_cast<const char*>(p + ahead), _MM_HINT_T1);
+          if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(p + T * bb), _MM_HINT_T1);
           const __m512i raw = _mm512_loadu_si512(p);
-          lo[t] = _mm512_and_si512(raw, low4);
-          hi[t] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+          __m512i lo = _mm512_and_si512(raw, low4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
           if constexpr (kU5) {
             const uint64_t* h = high + t * high_words + k / 8 * 2;
-            lo[t] = _mm512_mask_add_epi8(lo[t], h[0], lo[t], b4);
-            hi[t] = _mm512_mask_add_epi8(hi[t], h[1], hi[t], b4);
+            if (prefetch && (k / 8) % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(h + T * high_words), _MM_HINT_T1);
+            lo = _mm512_mask_add_epi8(lo, h[0], lo, b4);
+            hi = _mm512_mask_add_epi8(hi, h[1], hi, b4);
           }
-        }
-        for (int j = 0; j < MR; ++j) {
-          const __m512i qa = _mm512_set1_epi32(load_i32(q + j * K + k));
-          const __m512i qb = _mm512_set1_epi32(load_i32(q + j * K + k + 4));
-          for (int t = 0; t < T; ++t) {
-            sum[t][j] = _mm512_dpbusd_epi32(sum[t][j], lo[t], qa);
-            if constexpr (kSplit)
-              sum_hi[t][j] = _mm512_dpbusd_epi32(sum_hi[t][j], hi[t], qb);
-            else
-              sum[t][j] = _mm512_dpbusd_epi32(sum[t][j], hi[t], qb);
+          for (int j = 0; j < MR; ++j) {
+            sum[t][j] = _mm512_dpbusd_epi32(sum[t][j], lo, _mm512_set1_epi32(load_i32(q + j * K + k)));
+            sum[t][j] = _mm512_dpbusd_epi32(sum[t][j], hi, _mm512_set1_epi32(load_i32(q + j * K + k + 4)));
           }
         }
       }
     }
-    if constexpr (kSplit)
-      for (int t = 0; t < T; ++t)
-        for (int j = 0; j < MR; ++j) sum[t][j] = _mm512_add_epi32(sum[t][j], sum_hi[t][j]);
     const int64_t g = k0 / w.group, r = k0 / RUN_Q8;
     for (int t = 0; t < T; ++t) {
       const int64_t at = ((b + t) * groups + g) * kTileRows;
