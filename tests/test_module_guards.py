@@ -112,3 +112,27 @@ def test_guards_stay_where_they_cannot_be_skipped(monkeypatch):
     assert not guarded.skips_guards
     guarded.current()
     assert guarded.token == 0
+
+
+def test_cpu_rounds_compile_with_the_cpp_wrapper_unless_told_otherwise(monkeypatch):
+    """On CPU hf-spec's compiled functions ask inductor for its C++ wrapper built apart from the kernels; a caller's
+    own options win, and `HF_SPEC_CPP_WRAPPER=0` leaves inductor's default."""
+    from hf_spec.engine.target.compiled import CompileSettings
+
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: seen.append(kwargs.get("options") or {}) or fn)
+    wrapper = {"cpp_wrapper": True, "cpp_wrapper_build_separate": True}
+    assert module_guards.cpu_wrapper_options() == wrapper
+
+    def options_of(settings: CompileSettings) -> dict:
+        GuardedCompile(lambda: None, settings, torch.device("cpu"), (torch.nn.Linear(2, 2),)).current()
+        return {k: v for k, v in seen[-1].items() if k in wrapper}
+
+    assert options_of(CompileSettings()) == wrapper
+    assert options_of(CompileSettings(options={"cpp_wrapper": False})) == {
+        "cpp_wrapper": False,
+        "cpp_wrapper_build_separate": True,
+    }
+    monkeypatch.setenv("HF_SPEC_CPP_WRAPPER", "0")
+    assert module_guards.cpu_wrapper_options() == {}
+    assert options_of(CompileSettings()) == {}

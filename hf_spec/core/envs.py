@@ -130,6 +130,11 @@ ENVIRONMENT_VARIABLES: dict[str, EnvVar] = {
         "1",
         "0: greedy verification computes the full LM head instead of screening it with int8 weights.",
     ),
+    "HF_SPEC_CPP_WRAPPER": EnvVar(
+        _flag(True),
+        "1",
+        "0: hf-spec's compiled CPU rounds keep inductor's Python wrapper instead of its C++ one (`cpp_wrapper`).",
+    ),
     "HF_SPEC_SCREEN_INT8_X": EnvVar(
         _flag(True),
         "1",

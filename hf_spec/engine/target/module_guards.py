@@ -32,6 +32,8 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from hf_spec.core import envs
+
 logger = logging.getLogger(__name__)
 
 # compiled functions kept per `GuardedCompile` (one per token); an older one is dropped past this
@@ -39,6 +41,22 @@ MAX_TOKENS = 4
 _SIMPLE = (bool, int, float, str, bytes, type(None), torch.dtype, torch.device)
 _MAX_ITEMS = 64  # a container summarized item by item up to this many items, by its length and type beyond
 _MAX_DEPTH = 4  # objects followed from a module's attributes (a weight wrapper, a config, a closure's cell)
+
+
+def cpu_wrapper_options() -> dict:
+    """Inductor options for hf-spec's compiled CPU rounds: the C++ wrapper (`cpp_wrapper`), built apart from the
+    kernels (`cpp_wrapper_build_separate`), so a forward's few hundred kernel and operator calls are made from
+    compiled code rather than from Python, at about the same compile time (`lab/quantized_cpu/cpp_wrapper_ab.py`).
+    Empty where this torch lacks either option or `HF_SPEC_CPP_WRAPPER=0`; a caller's `compile_config.options`
+    override them."""
+    import torch._inductor.config as inductor_config
+
+    if not envs.HF_SPEC_CPP_WRAPPER:
+        return {}
+    names = ("cpp_wrapper", "cpp_wrapper_build_separate")
+    if not all(hasattr(inductor_config, name) for name in names):
+        return {}
+    return dict.fromkeys(names, True)
 
 
 def can_skip_module_guards() -> bool:
@@ -203,6 +221,8 @@ class GuardedCompile:
     def _compile(self) -> Callable:
         mode = self.settings.mode_for(self.device)
         options = dict(self.settings.options or {})
+        if self.device.type == "cpu" and mode is None:
+            options = {**cpu_wrapper_options(), **options}  # the caller's own choice wins
         kwargs = {}
         if self.skips_guards:
             if mode is not None:  # torch.compile takes a mode or options, not both
@@ -224,4 +244,4 @@ class GuardedCompile:
         )
 
 
-__all__ = ["GuardedCompile", "can_skip_module_guards", "structure_token"]
+__all__ = ["GuardedCompile", "can_skip_module_guards", "cpu_wrapper_options", "structure_token"]
