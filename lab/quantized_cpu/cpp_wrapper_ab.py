@@ -25,7 +25,7 @@ from hf_spec.models.fetch import load_model  # noqa: E402
 from hf_spec.tree.draft_tree import DraftTree  # noqa: E402
 
 VARIANTS = {
-    "Python wrapper": None,
+    "Python wrapper": {"cpp_wrapper": False},
     "C++ wrapper": {"cpp_wrapper": True, "cpp_wrapper_build_separate": True},
 }
 PROMPT = "Write a Python function that reverses a string, and explain how it works step by step."
