@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import sys
 import types
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -47,11 +48,11 @@ def cpu_wrapper_options() -> dict:
     """Inductor options for hf-spec's compiled CPU rounds: the C++ wrapper (`cpp_wrapper`), built apart from the
     kernels (`cpp_wrapper_build_separate`), so a forward's few hundred kernel and operator calls are made from
     compiled code rather than from Python, at about the same compile time (`lab/quantized_cpu/cpp_wrapper_ab.py`).
-    Empty where this torch lacks either option or `HF_SPEC_CPP_WRAPPER=0`; a caller's `compile_config.options`
-    override them."""
+    Empty off Linux (where it has not been tried), where this torch lacks either option, or with
+    `HF_SPEC_CPP_WRAPPER=0`; a caller's `compile_config.options` override them."""
     import torch._inductor.config as inductor_config
 
-    if not envs.HF_SPEC_CPP_WRAPPER:
+    if not envs.HF_SPEC_CPP_WRAPPER or not sys.platform.startswith("linux"):
         return {}
     names = ("cpp_wrapper", "cpp_wrapper_build_separate")
     if not all(hasattr(inductor_config, name) for name in names):
