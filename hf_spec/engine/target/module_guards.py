@@ -222,7 +222,7 @@ class GuardedCompile:
     def _compile(self) -> Callable:
         mode = self.settings.mode_for(self.device)
         options = dict(self.settings.options or {})
-        if self.device.type == "cpu" and mode is None:
+        if self.device.type == "cpu" and mode is None and self.settings.backend == "inductor":
             options = {**cpu_wrapper_options(), **options}  # the caller's own choice wins
         kwargs = {}
         if self.skips_guards:
