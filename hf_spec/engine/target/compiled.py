@@ -21,7 +21,7 @@ import torch
 from transformers import PreTrainedModel, StaticCache
 
 from hf_spec.core.compat import GENERATE_CACHE_KEY, cache_kwargs
-from hf_spec.engine.target.module_guards import GuardedCompile
+from hf_spec.engine.target.module_guards import GuardedCompile, cpu_wrapper_options
 from hf_spec.engine.target.static import RewindableStaticLayer, is_static, static_capacity, static_size
 from hf_spec.engine.target.windows import has_sliding_layers, windowed_mask
 from hf_spec.tree.draft_tree import DraftTree
@@ -60,6 +60,14 @@ class CompileSettings:
         if self.mode is not None:
             return None if self.mode == "default" else self.mode
         return "reduce-overhead" if device.type == "cuda" else None
+
+    def options_for(self, device: torch.device) -> dict:
+        """The backend options on `device`: the caller's, over inductor's C++ wrapper (`cpu_wrapper_options`) where
+        inductor compiles for the CPU without a mode."""
+        options = dict(self.options or {})
+        if device.type == "cpu" and self.mode_for(device) is None and self.backend == "inductor":
+            options = {**cpu_wrapper_options(), **options}  # the caller's own choice wins
+        return options
 
 
 def bucket(rows: int) -> int | None:

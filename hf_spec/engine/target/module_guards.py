@@ -221,9 +221,7 @@ class GuardedCompile:
 
     def _compile(self) -> Callable:
         mode = self.settings.mode_for(self.device)
-        options = dict(self.settings.options or {})
-        if self.device.type == "cpu" and mode is None and self.settings.backend == "inductor":
-            options = {**cpu_wrapper_options(), **options}  # the caller's own choice wins
+        options = self.settings.options_for(self.device)
         kwargs = {}
         if self.skips_guards:
             if mode is not None:  # torch.compile takes a mode or options, not both
