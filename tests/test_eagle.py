@@ -355,15 +355,14 @@ def test_max_catch_up_feeds_the_latest_positions_only(trained):
     ref = model.generate(ids, max_new_tokens=40, do_sample=False)
     drafter = EagleDrafter(EagleConfig(depth=4, topk=3, total_tokens=10, max_catch_up=4), model, head=head)
     fed: list[int] = []
-    catch_up = drafter.catch_up
+    catch_up_rows = drafter.catch_up_rows
 
-    def spy(state, step):
-        before = drafter.cache.get_seq_length()
-        h_root = catch_up(state, step)
-        fed.append(drafter.cache.get_seq_length() - before)
-        return h_root
+    def spy(state):
+        rows = catch_up_rows(state)
+        fed.append(rows[0].shape[1])
+        return rows
 
-    drafter.catch_up = spy
+    drafter.catch_up_rows = spy
     dec = SpeculativeDecoder(drafter)
     assert torch.equal(model.generate(ids, max_new_tokens=40, do_sample=False, custom_generate=dec), ref)
     assert fed[0] == 4 and max(fed) <= 4 and dec.last_stats.accepted_tokens > 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -50,13 +51,35 @@ def pad_rows(rows: torch.Tensor, width: int) -> torch.Tensor:
     return torch.cat([rows, rows[:, -1:].expand(rows.shape[0], width - n, *rows.shape[2:])], dim=1)
 
 
+@dataclass(frozen=True)
+class StepSpec:
+    """A drafter step to compile (`draft_steps`): `step(*rows, mask, cache)` and how `CompiledStep` runs it.
+
+    Args:
+        step: the eager step.
+        max_width: the widest call compiled (wider ones run eagerly).
+        layers: the cache layers `step` writes (None: all).
+        extra_slots: slots `step` writes after its rows' (a tree's provisional levels); dropped after each call.
+        row_outputs: True: `step` returns `(1, n, hidden)`, one row per input row; False: a tuple of tensors whose
+            shapes do not depend on the rows (a whole draft tree), returned as they are.
+    """
+
+    step: Callable
+    max_width: int
+    layers: range | None = None
+    extra_slots: int = 0
+    row_outputs: bool = True
+
+
 class CompiledStep:
     """`step(*rows, mask, cache)` compiled per width over `cache`; called exactly as `step` is.
 
     Args:
         step: the eager forward `step(*rows, mask, cache)` returning `(1, n, hidden)`: every tensor in `rows` holds
             the call's `n` rows on dim 1 (features, token ids, positions), `mask` is additive
-            `(1, 1, n, past + n)` over the cache's `past` filled slots and the rows (None: causal).
+            `(1, 1, n, past + n)` over the cache's `past` filled slots and the rows (None: causal). With
+            `row_outputs` False it returns a tuple of tensors of fixed shapes instead, and may write
+            `extra_slots` more slots after the rows' (the cache keeps the rows' only).
         cache: the cache `step` writes into, its layers `RewindableStaticLayer`s (`rewindable_cache`).
         settings: how to compile (`hf_spec.engine.target.compiled.CompileSettings`).
         max_width: the widest call compiled (rounded up to a width in `WIDTHS`); wider ones run eagerly.
@@ -64,6 +87,7 @@ class CompiledStep:
             those only.
         modules: the modules `step` runs, summarized once a generation in place of dynamo's guards on them
             (`hf_spec.engine.target.module_guards`); empty: dynamo keeps those guards.
+        extra_slots, row_outputs: as in `StepSpec`.
     """
 
     def __init__(
@@ -74,11 +98,14 @@ class CompiledStep:
         max_width: int,
         layers: range | None = None,
         modules: tuple[nn.Module, ...] = (),
+        extra_slots: int = 0,
+        row_outputs: bool = True,
     ) -> None:
         self.layers = [cache.layers[i] for i in (layers if layers is not None else range(len(cache.layers)))]
         if not all(isinstance(layer, RewindableStaticLayer) for layer in self.layers):
             raise TypeError("a compiled drafter step needs a rewindable static cache (rewindable_cache)")
         self.step, self.cache, self.settings, self.modules = step, cache, settings, modules
+        self.extra_slots, self.row_outputs = extra_slots, row_outputs
         self.capacity = min(layer.max_cache_len for layer in self.layers)
         self.widths = tuple(w for w in WIDTHS if w <= (bucket(max_width) or WIDTHS[-1]))
         # (modules' token, rows' trailing shapes and dtypes) of the calls compiled for
@@ -115,7 +142,11 @@ class CompiledStep:
         width = bucket(n)
         # eagerly: too wide, too close to the cache's end, or buffers not allocated yet (the first call allocates
         # them outside any graph, at the shapes its keys have)
-        fits = width is not None and width <= self.widths[-1] and past + width <= self.capacity
+        fits = (
+            width is not None
+            and width <= self.widths[-1]
+            and past + width + self.extra_slots <= self.capacity
+        )
         if self.failed or not fits or not all(layer.is_initialized for layer in self.layers):
             self.eager_calls += 1
             return self.step(*rows, mask, cache)
@@ -154,14 +185,14 @@ class CompiledStep:
         for layer in self.layers:  # the rows' slots stay, the fillers' are dropped
             layer.crop_to(past + n)
         # drafters keep states across calls, and a CUDA graph's outputs are overwritten by its next replay
-        return out[:, :n].clone()
+        return out[:, :n].clone() if self.row_outputs else tuple(t.clone() for t in out)
 
     def _warm_up(self, rows, past: int, dtype: torch.dtype) -> None:
         """Compile every width for calls like `rows`: one row repeated, the cache left at `past` slots."""
         one = [r[:, :1] for r in rows]
         mask = causal_mask(1, past, dtype, rows[0].device)
         for width in self.widths:
-            if past + width > self.capacity:
+            if past + width + self.extra_slots > self.capacity:
                 break
             logger.info("compiling the drafter step for %d rows", width)
             self._run(one, padded_block_mask(mask, past, width, self.capacity), past, 1, width)
@@ -173,23 +204,33 @@ def draft_steps(
     owner: object,
     cache: Cache,
     settings: CompileSettings | None,
-    steps: dict[str, tuple[Callable, int, range | None]],
+    steps: dict[str, StepSpec | tuple[Callable, int, range | None]],
     modules: tuple[nn.Module, ...] = (),
 ) -> dict[str, Callable]:
-    """A drafter's steps as it calls them in this generation. `steps` maps a name to `(step, max_width, layers)`:
-    in an eager generation (`settings` None) the step itself, else a `CompiledStep` of it over `cache` writing
-    `layers` and running `modules`. The compiled ones are kept on `owner` and given again while the settings and
-    the cache object are the same, so a later generation compiles nothing."""
+    """A drafter's steps as it calls them in this generation. `steps` maps a name to a `StepSpec` (or its first
+    fields, `(step, max_width, layers)`): in an eager generation (`settings` None) the step itself, else a
+    `CompiledStep` of it over `cache` running `modules`. The compiled ones are kept on `owner` and given again while
+    the settings and the cache object are the same, so a later generation compiles nothing."""
+    specs = {name: spec if isinstance(spec, StepSpec) else StepSpec(*spec) for name, spec in steps.items()}
     if settings is None:
-        return {name: step for name, (step, _, _) in steps.items()}
+        return {name: spec.step for name, spec in specs.items()}
     kept = owner.__dict__.get("_hf_spec_draft_steps")
     if kept is not None and kept[0] == settings and kept[1]() is cache:
         for step in kept[2].values():
             step.new_generation()
         return kept[2]
     compiled = {
-        name: CompiledStep(step, cache, settings, width, layers, modules)
-        for name, (step, width, layers) in steps.items()
+        name: CompiledStep(
+            spec.step,
+            cache,
+            settings,
+            spec.max_width,
+            spec.layers,
+            modules,
+            spec.extra_slots,
+            spec.row_outputs,
+        )
+        for name, spec in specs.items()
     }
     owner.__dict__["_hf_spec_draft_steps"] = (settings, weakref.ref(cache), compiled)
     return compiled

@@ -16,7 +16,7 @@ from hf_spec.core.config import MethodConfig, read_config
 from hf_spec.core.drafter import Drafter, RoundResult, SpecState
 from hf_spec.core.hub_ids import HEAD_CONFIG_FILES, resolve_folder, resolve_head_folder
 from hf_spec.core.specs import HEAD_IN_THIS_FOLDER
-from hf_spec.engine.compiled_step import draft_steps, rewindable_cache
+from hf_spec.engine.compiled_step import StepSpec, draft_steps, rewindable_cache
 from hf_spec.engine.target.cache import cache_length
 from hf_spec.engine.target.profile import target_profile
 from hf_spec.engine.target.static import static_capacity
@@ -143,9 +143,10 @@ class HeadDrafter(Drafter):
         self.skipped = 0
         self._use_steps(None)
 
-    def head_steps(self) -> dict[str, Callable]:
+    def head_steps(self) -> dict[str, Callable | StepSpec]:
         """The head's forwards by the attribute they are called through, each `step(*rows, mask, cache)` with
-        `(1, n, ...)` rows, returning `(1, n, hidden)`."""
+        `(1, n, ...)` rows, returning `(1, n, hidden)` (a bare callable, compiled up to `compiled_rows` rows), or a
+        `StepSpec` saying how to compile it."""
         return {"head_step": self.head}
 
     def compiled_rows(self) -> int:
@@ -165,7 +166,10 @@ class HeadDrafter(Drafter):
                 cache = self.__dict__["_head_static_cache"] = rewindable_cache(capacity)
             cache.layers[0].crop_to(0)
             self.cache = cache
-        steps = {name: (step, self.compiled_rows(), None) for name, step in self.head_steps().items()}
+        steps = {
+            name: step if isinstance(step, StepSpec) else StepSpec(step, self.compiled_rows())
+            for name, step in self.head_steps().items()
+        }
         for name, step in draft_steps(self, cache, settings, steps, modules=(self.head,)).items():
             setattr(self, name, step)
 
@@ -232,6 +236,13 @@ class HeadDrafter(Drafter):
     def catch_up(self, state: SpecState, first_step) -> torch.Tensor:
         """Feed the pending committed positions (up to the root) through `first_step(features, ids, positions,
         mask, cache)`; return the head state at the root `(H,)`."""
+        return first_step(*self.catch_up_rows(state), self.cache)[0, -1]
+
+    def catch_up_rows(
+        self, state: SpecState
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The pending committed positions (up to the root) as one head forward takes them, taken off the pending
+        list: `(features (1, P, F), ids (1, P), positions (1, P), causal mask (1, 1, P, past + P))`."""
         features = torch.cat(self.pending_features)  # [P, H]
         self.pending_features = []
         past = cache_length(self.cache)
@@ -248,10 +259,4 @@ class HeadDrafter(Drafter):
             self.skipped += dropped
         ids = state.input_ids[:, first:]
         positions = torch.arange(first, state.seq_len, device=self.device).view(1, -1)
-        return first_step(
-            features[None],
-            ids,
-            positions,
-            causal_mask(features.shape[0], past, self.dtype, self.device),
-            self.cache,
-        )[0, -1]
+        return features[None], ids, positions, causal_mask(features.shape[0], past, self.dtype, self.device)

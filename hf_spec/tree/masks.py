@@ -31,13 +31,13 @@ def additive_mask(
             every row sees some slot, which hf-spec's CPU attention skips).
 
     Returns:
-        `torch.FloatTensor` of shape `(1, 1, q_len, kv_len)` or `(batch, 1, q_len, kv_len)`: 0 where allowed,
-        `hidden` (default `torch.finfo(dtype).min`) elsewhere.
+        `torch.FloatTensor` of shape `(1, 1, q_len, kv_len)` or `(batch, 1, q_len, kv_len)` on `allowed`'s device:
+        0 where allowed, `hidden` (default `torch.finfo(dtype).min`) elsewhere.
 
     Example: `[[True, False]]` -> `[[[[0, min]]]]`.
     """
     fill = torch.finfo(dtype).min if hidden is None else hidden
-    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, fill)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, fill)
     return mask[None, None] if allowed.dim() == 2 else mask[:, None]
 
 

@@ -5,6 +5,9 @@ now), then grows the tree level by level: the `topk` best nodes of the last leve
 are fed to the head together, in one forward with a tree mask, and each gets its `topk` best children. After
 `depth` levels all nodes are reranked and the best `total_tokens` are verified. The head's KV cache keeps the
 committed positions only; draft positions are cropped after each round.
+
+The catch-up and the growth are one function of tensors (`EagleDrafter.draft_block`): every level has `topk`
+rows, so its shapes are fixed, and a compiled generation runs a round's drafting as one graph.
 """
 
 from __future__ import annotations
@@ -12,13 +15,14 @@ from __future__ import annotations
 import torch
 
 from hf_spec.core.drafter import SpecState
+from hf_spec.engine.compiled_step import StepSpec
 from hf_spec.engine.target.cache import cache_length, crop_cache
 from hf_spec.methods.eagle.config import EagleConfig
 from hf_spec.methods.eagle.modeling import EagleHeadModel
 from hf_spec.methods.eagle.stepper import EagleStepper
 from hf_spec.methods.head_drafter import HeadDrafter, load_draft_head
 from hf_spec.tree.draft_tree import DraftTree
-from hf_spec.tree.masks import level_mask
+from hf_spec.tree.masks import additive_mask
 from hf_spec.tree.scored import ScoredTree, prune_scored
 
 
@@ -33,81 +37,98 @@ class EagleDrafter(HeadDrafter, EagleStepper):
     batchable = True
     head_cls = EagleHeadModel
 
+    def head_steps(self) -> dict:
+        """The head's forward (`head_step`: chains, Post-use) and a whole round's drafting (`draft_block`)."""
+        cfg = self.config
+        block = StepSpec(
+            self.draft_block, cfg.depth + 1, extra_slots=cfg.topk * (cfg.depth - 1), row_outputs=False
+        )
+        return {**super().head_steps(), "draft_block": block}
+
     # ---- drafting ----------------------------------------------------------------------------------------------
     @torch.no_grad()
     def propose(self, state: SpecState, max_depth: int) -> DraftTree:
         cfg = self.config
         if not self.can_draft():
             return DraftTree.empty()
+        depth = min(cfg.depth, max_depth)
         with self.fast_head():
-            h_root = self.catch_up(state, self.head_step)
-            depth = min(cfg.depth, max_depth)
+            rows = self.catch_up_rows(state)
             if depth <= 0:
+                self.head_step(*rows, self.cache)
                 return DraftTree.empty()
-            tree = self._grow(h_root, state.seq_len - 1, depth)
-        return tree
+            committed = cache_length(self.cache) + rows[0].shape[1]
+            try:
+                tokens, parents, scores = self.draft_block(*rows, self.cache)
+            finally:
+                crop_cache(self.cache, committed)
+        # the levels down to `depth` (the block always grows `cfg.depth`: one shape for every round)
+        count = cfg.topk + (depth - 1) * cfg.topk**2
+        depths = [1] * cfg.topk + [d for d in range(2, depth + 1) for _ in range(cfg.topk**2)]
+        tree = ScoredTree(tokens[:count].tolist(), parents[:count].tolist(), scores[:count].tolist(), depths)
+        return prune_scored(tree, cfg.total_tokens).to_draft_tree()
 
     def _logp(self, h: torch.Tensor) -> torch.Tensor:
         """Head states `(n, H)` -> log-probabilities over the draft vocabulary `(n, V_draft)`."""
         return torch.log_softmax(self.lm_logits(self.head.parts.norm(h)).float(), dim=-1)
 
-    def _top(self, h: torch.Tensor) -> tuple[list[list[float]], list[list[int]]]:
-        """Head states `(n, H)` -> each row's `topk` best children: log-probabilities over the draft vocabulary and
-        their target token ids (the backend's top-k; one read of each)."""
+    def _top(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Head states `(n, H)` -> each row's `topk` best children `(n, topk)`: log-probabilities over the draft
+        vocabulary (float32) and their target token ids (the backend's top-k)."""
         values, indices = self.backend.draft_topk(self.lm_logits(self.head.parts.norm(h)), self.config.topk)
-        return values.tolist(), self.head.d2t[indices].tolist()
+        return values, self.head.d2t[indices]
 
-    def _grow(self, h_root: torch.Tensor, root_pos: int, depth: int) -> DraftTree:
-        cfg = self.config
-        committed = cache_length(self.cache)
-        tokens: list[int] = []
-        parents: list[int] = []
-        scores: list[float] = []
-        depths: list[int] = []
-        slot_of: dict[int, int] = {}  # node -> head-cache slot (fed nodes only)
-        source_h: list[torch.Tensor] = []  # the head state each node was predicted from
+    def draft_block(
+        self, features: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Catch up on committed positions, then grow `depth` levels of `topk` children below the last one (the
+        root). Writes the rows' keys and each level's `topk` beam nodes after them into `cache`; the caller drops
+        the beam nodes' slots.
 
-        def add_children(
-            parent: int, h: torch.Tensor, logps: list[float], ids: list[int], base: float, level: int
-        ) -> None:
-            for lp, token in zip(logps, ids, strict=True):
-                tokens.append(token)
-                parents.append(parent)
-                scores.append(base + lp)
-                depths.append(level)
-                source_h.append(h)
+        Args:
+            features: `(1, n, F)` target features of the committed positions, ids `(1, n)` their tokens,
+                positions `(1, n)` theirs, increasing: the last real row is the root (rows after it repeat it).
+            mask: additive `(1, 1, n, kv)` over the cache's slots and the rows, as the head's attention takes it.
 
-        logps, ids = self._top(h_root[None])
-        add_children(-1, h_root, logps[0], ids[0], 0.0, 1)
-        level_nodes = list(range(len(tokens)))
-        try:
-            for level in range(2, depth + 1):
-                beam = sorted(level_nodes, key=lambda i: -scores[i])[: cfg.topk]
-                h = self._feed(beam, tokens, parents, source_h, slot_of, committed, root_pos + level - 1)
-                logps, ids = self._top(h)
-                level_nodes = []
-                for row, node in enumerate(beam):
-                    start = len(tokens)
-                    add_children(node, h[row], logps[row], ids[row], scores[node], level)
-                    level_nodes.extend(range(start, len(tokens)))
-        finally:
-            crop_cache(self.cache, committed)
-        return prune_scored(ScoredTree(tokens, parents, scores, depths), cfg.total_tokens).to_draft_tree()
+        Returns:
+            tokens `(N,)` (target ids), parents `(N,)` (earlier node indices, -1: the root) and cumulative
+            log-probabilities `(N,)` float32 of `N = topk + (depth - 1) * topk**2` nodes, level by level.
+        """
+        k, depth = self.config.topk, self.config.depth
+        h = self.head(features, ids, positions, mask, cache)[0]  # (n, H)
+        root = positions[0].argmax(dim=0, keepdim=True)  # (1,): the first of the largest, the last real row
+        root_position = positions[0].index_select(0, root)  # (1,)
+        h_root = h.index_select(0, root)  # (1, H)
+        # slots the root sees (the committed ones), and the slot after the last row's own: where levels go
+        seen = mask[0, 0].index_select(0, root) == 0  # (1, kv)
+        last_row = mask[0, 0, -1] == 0
+        next_slot = torch.arange(last_row.shape[0], device=mask.device).masked_fill(~last_row, -1).max() + 1
 
-    def _feed(self, beam, tokens, parents, source_h, slot_of, committed: int, position: int) -> torch.Tensor:
-        """One head forward of the `beam` nodes (same depth) with a tree mask; returns their head states."""
-        past = cache_length(self.cache)
-        n = len(beam)
-        ancestor_slots = []
-        for row, node in enumerate(beam):
-            slots, anc = [], parents[node]
-            while anc >= 0:
-                slots.append(slot_of[anc])
-                anc = parents[anc]
-            ancestor_slots.append(slots)
-            slot_of[node] = past + row
-        mask = level_mask(past, committed, ancestor_slots, self.dtype).to(self.device)
-        features = torch.stack([source_h[i] for i in beam])[None]
-        ids = torch.tensor([[tokens[i] for i in beam]], device=self.device)
-        positions = torch.full((1, n), position, device=self.device)
-        return self.head_step(features, ids, positions, mask, self.cache)[0]
+        h_level = h_root.expand(k, -1)  # (k, H): the state each node of the level was predicted from
+        values, level_tokens = (t[0] for t in self._top(h_root))
+        tokens, parents, scores = [level_tokens], [torch.full_like(level_tokens, -1)], [values]
+        seen_level = seen.expand(k, -1)  # (k, kv): the slots each node's children see
+        level_start = 0
+        for level in range(2, depth + 1):
+            beam_scores, beam = torch.topk(scores[-1], k)  # (k,): the level's best nodes, fed together
+            kv = cache.get_mask_sizes(k, 0)[0]  # keys the next forward attends over (a dynamic cache grows)
+            allowed = seen_level[beam]
+            if kv > allowed.shape[-1]:
+                allowed = torch.cat([allowed, allowed.new_zeros(k, kv - allowed.shape[-1])], dim=-1)
+            own = next_slot + torch.arange(k, device=allowed.device)
+            allowed = allowed | (torch.arange(kv, device=allowed.device)[None] == own[:, None])
+            h_beam = self.head(
+                h_level[beam][None],
+                tokens[-1][beam][None],
+                (root_position + level - 1).expand(k)[None],
+                additive_mask(allowed, mask.dtype, hidden=float("-inf")),
+                cache,
+            )[0]  # (k, H)
+            values, children = self._top(h_beam)  # (k, k)
+            parents.append((level_start + beam).repeat_interleave(k))
+            level_start += scores[-1].shape[0]
+            tokens.append(children.flatten())
+            scores.append((beam_scores[:, None] + values).flatten())
+            h_level, seen_level = h_beam.repeat_interleave(k, 0), allowed.repeat_interleave(k, 0)
+            next_slot = next_slot + k
+        return torch.cat(tokens), torch.cat(parents), torch.cat(scores)
